@@ -1,0 +1,310 @@
+"""Decoder-only transformer of the Llama family (Llama, Mistral, Qwen2, Qwen3) in Flax NNX.
+
+The layers' parameters are stacked along a leading ``layers`` axis and the blocks run under
+``jax.lax.scan``, so a 30-layer model compiles as fast as a 1-layer one. Every parameter carries
+logical axis names (``Param.logical_axes``) that ``rljax.sharding`` maps to mesh axes.
+
+Padding is on the left. Positions come from the attention mask (the first real token of a row is
+position 0), and padded keys are masked out, so a padded row's logits equal those of the row alone.
+
+The same code runs the full forward pass (training, scoring) and the KV-cached decode step
+(sampling): ``forward`` with ``cache=None`` attends over its own keys; with a ``KVCache`` it writes
+its keys and values at ``cache.index`` and attends over every valid slot up to its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.config import ModelConfig, UnsupportedConfigError
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Keys and values of every layer, ``[L, B, S, KVH, hd]``; ``mask`` ``[B, S]`` marks valid slots.
+
+    ``index`` is the slot the next forward pass writes to; slot order is time order.
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    mask: jax.Array
+    index: jax.Array  # int32 scalar
+
+    @classmethod
+    def empty(cls, config: ModelConfig, batch_size: int, max_length: int, dtype=jnp.float32) -> "KVCache":
+        shape = (config.num_layers, batch_size, max_length, config.num_kv_heads, config.head_dim)
+        return cls(
+            keys=jnp.zeros(shape, dtype),
+            values=jnp.zeros(shape, dtype),
+            mask=jnp.zeros((batch_size, max_length), jnp.int32),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """Position ids ``[B, T]`` of a left-padded batch: 0 at each row's first real token."""
+    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies ``[hd/2]`` (float32), with linear or Llama-3 scaling as configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    scaling = config.rope_scaling
+    if scaling.rope_type == "linear":
+        inv_freq = inv_freq / scaling.factor
+    elif scaling.rope_type == "llama3":
+        # Mirrors transformers' _compute_llama3_parameters (modeling_rope_utils.py).
+        old_len = scaling.original_max_position_embeddings
+        low_wavelen = old_len / scaling.low_freq_factor
+        high_wavelen = old_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = np.where(is_medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def _apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotary embedding, Hugging Face "rotate_half" layout. ``x`` ``[B, T, N, hd]``, positions ``[B, T]``."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]  # [B, T, hd/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, hd]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32, scaled by ``weight`` in the input dtype (as Hugging Face Llama)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return _lead(weight.astype(x.dtype), x.ndim) * normed.astype(x.dtype)
+
+
+def _lead(a: jax.Array, ndim: int) -> jax.Array:
+    """``a`` with leading unit axes up to ``ndim`` (explicit broadcasting; rank promotion is an error)."""
+    return a.reshape((1,) * (ndim - a.ndim) + a.shape)
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str, fan_in: int | None = None) -> nnx.Param:
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros" or rngs is None:
+        value = jnp.zeros(shape, dtype)
+    else:
+        std = 0.02 if fan_in is None else 1.0 / math.sqrt(fan_in)
+        value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class Transformer(nnx.Module):
+    """A causal language model with an optional scalar value head on the final hidden state.
+
+    Parameters (L layers, D model width, H/KVH query/key-value heads, hd head dim, F MLP width):
+      embed [V, D]; layers.{attn_norm [L, D], wq [L, D, H, hd], wk/wv [L, D, KVH, hd],
+      wo [L, H, hd, D], (bq [L, H, hd], bk/bv [L, KVH, hd]), (bo [L, D]), (q_norm/k_norm [L, hd]),
+      mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D]}; final_norm [D]; lm_head [D, V]
+      when untied; value_head {w [D], b [1]} when ``value_head=True`` (initialised to zero).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        rngs: nnx.Rngs | None = None,
+        param_dtype=jnp.float32,
+        dtype=jnp.float32,
+        value_head: bool = False,
+    ):
+        self.config = config
+        self.dtype = dtype
+        c = config
+        L, D, H, KVH, hd, F, V = (
+            c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
+        )
+        p = lambda shape, axes, init="normal", fan_in=None: _param(rngs, shape, axes, param_dtype, init, fan_in)
+        self.embed = p((V, D), ("vocab", "embed"))
+        layers = {
+            "attn_norm": p((L, D), ("layers", "norm"), "ones"),
+            "wq": p((L, D, H, hd), ("layers", "embed", "heads", "head_dim"), fan_in=D),
+            "wk": p((L, D, KVH, hd), ("layers", "embed", "kv_heads", "head_dim"), fan_in=D),
+            "wv": p((L, D, KVH, hd), ("layers", "embed", "kv_heads", "head_dim"), fan_in=D),
+            "wo": p((L, H, hd, D), ("layers", "heads", "head_dim", "embed"), fan_in=H * hd),
+            "mlp_norm": p((L, D), ("layers", "norm"), "ones"),
+            "w_gate": p((L, D, F), ("layers", "embed", "mlp"), fan_in=D),
+            "w_up": p((L, D, F), ("layers", "embed", "mlp"), fan_in=D),
+            "w_down": p((L, F, D), ("layers", "mlp", "embed"), fan_in=F),
+        }
+        if c.qkv_bias:
+            layers["bq"] = p((L, H, hd), ("layers", "heads", "head_dim"), "zeros")
+            layers["bk"] = p((L, KVH, hd), ("layers", "kv_heads", "head_dim"), "zeros")
+            layers["bv"] = p((L, KVH, hd), ("layers", "kv_heads", "head_dim"), "zeros")
+        if c.o_bias:
+            layers["bo"] = p((L, D), ("layers", "embed"), "zeros")
+        if c.qk_norm:
+            layers["q_norm"] = p((L, hd), ("layers", "head_dim"), "ones")
+            layers["k_norm"] = p((L, hd), ("layers", "head_dim"), "ones")
+        self.layers = nnx.Dict(layers)
+        self.final_norm = p((D,), ("norm",), "ones")
+        self.lm_head = None if c.tie_word_embeddings else p((D, V), ("embed", "vocab"), fan_in=D)
+        self.value_head = (
+            nnx.Dict({"w": p((D,), ("embed",), "zeros"), "b": p((1,), ("unsharded",), "zeros")}) if value_head else None
+        )
+
+    # ------------------------------------------------------------------ public API
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """Logits ``[B, T, V]`` (float32) of a left-padded batch."""
+        hidden, _ = self.forward(input_ids, attention_mask)
+        return self.logits(hidden)
+
+    def forward(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final (normed) hidden states ``[B, T, D]`` and the updated cache (None without one).
+
+        Without a cache the batch attends over itself (causal, padding masked). With a cache, its
+        keys/values are written at slots ``cache.index .. cache.index + T`` and each query attends
+        over the valid cache slots up to its own; ``positions`` then must be given by the caller
+        (the sampler knows each row's length).
+        """
+        B, T = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((B, T), jnp.int32)
+        attention_mask = attention_mask.astype(jnp.int32)
+        if positions is None:
+            if cache is not None:
+                raise ValueError("forward with a KV cache needs explicit positions")
+            positions = positions_from_mask(attention_mask)
+        total = T if cache is None else cache.keys.shape[2]
+        if self.config.sliding_window is not None and total > self.config.sliding_window:
+            raise UnsupportedConfigError(
+                f"sequence/cache length {total} exceeds sliding_window={self.config.sliding_window}; "
+                "sliding-window attention is not implemented"
+            )
+        x = self.embed[...].astype(self.dtype)[input_ids]  # [B, T, D]
+        layers = {k: v[...] for k, v in self.layers.items()}
+        if cache is None:
+            key_mask = attention_mask
+            query_slots = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+            hidden, _ = jax.lax.scan(
+                lambda h, lp: (self._block(h, lp, positions, None, None, key_mask, query_slots, 0)[0], None),
+                x,
+                layers,
+            )
+            new_cache = None
+        else:
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+            query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+
+            def step(carry, lp_and_layer):
+                h, keys, values = carry
+                lp, layer = lp_and_layer
+                h, keys, values = self._block(h, lp, positions, keys, values, key_mask, query_slots, cache.index, layer)
+                return (h, keys, values), None
+
+            (hidden, keys, values), _ = jax.lax.scan(
+                step, (x, cache.keys, cache.values), (layers, jnp.arange(self.config.num_layers))
+            )
+            new_cache = KVCache(keys=keys, values=values, mask=key_mask, index=cache.index + T)
+        hidden = rms_norm(hidden, self.final_norm[...], self.config.rms_norm_eps)
+        return hidden, new_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Language-model logits ``[..., V]`` in float32 from final hidden states ``[..., D]``."""
+        if self.lm_head is None:
+            w = self.embed[...].astype(self.dtype)  # [V, D]
+            out = jnp.einsum("...d,vd->...v", hidden, w)
+        else:
+            out = jnp.einsum("...d,dv->...v", hidden, self.lm_head[...].astype(self.dtype))
+        return out.astype(jnp.float32)
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """Scalar value per position ``[..., ]`` (float32) from final hidden states."""
+        if self.value_head is None:
+            raise ValueError("this model was built without a value head (value_head=True)")
+        w, b = self.value_head["w"][...], self.value_head["b"][...]
+        return (jnp.einsum("...d,d->...", hidden.astype(jnp.float32), w.astype(jnp.float32)) + b[0].astype(jnp.float32))
+
+    def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+        return KVCache.empty(self.config, batch_size, max_length, self.dtype)
+
+    # ------------------------------------------------------------------ one block
+    def _block(self, x, lp, positions, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None):
+        """Pre-norm attention + SwiGLU MLP. ``x`` [B, T, D]; ``lp`` this layer's parameters."""
+        c, dt = self.config, self.dtype
+        cast = lambda name: lp[name].astype(dt)
+        h = rms_norm(x, lp["attn_norm"], c.rms_norm_eps)
+        q = jnp.einsum("btd,dnh->btnh", h, cast("wq"))  # [B, T, H, hd]
+        k = jnp.einsum("btd,dnh->btnh", h, cast("wk"))  # [B, T, KVH, hd]
+        v = jnp.einsum("btd,dnh->btnh", h, cast("wv"))
+        if c.qkv_bias:
+            q, k, v = q + _lead(cast("bq"), 4), k + _lead(cast("bk"), 4), v + _lead(cast("bv"), 4)
+        if c.qk_norm:
+            q = rms_norm(q, lp["q_norm"], c.rms_norm_eps)
+            k = rms_norm(k, lp["k_norm"], c.rms_norm_eps)
+        inv_freq = rope_inverse_frequencies(c)
+        q = _apply_rope(q, positions, inv_freq)
+        k = _apply_rope(k, positions, inv_freq)
+        if cache_keys is None:
+            all_k, all_v = k, v
+        else:
+            zero = jnp.zeros((), jnp.int32)
+            start = (layer, zero, write_index, zero, zero)
+            cache_keys = jax.lax.dynamic_update_slice(cache_keys, k[None].astype(cache_keys.dtype), start)
+            cache_values = jax.lax.dynamic_update_slice(cache_values, v[None].astype(cache_values.dtype), start)
+            all_k, all_v = cache_keys[layer], cache_values[layer]  # [B, S, KVH, hd]
+        attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
+        out = jnp.einsum("btnh,nhd->btd", attn, cast("wo"))
+        if c.o_bias:
+            out = out + _lead(cast("bo"), 3)
+        x = x + out
+        h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
+        gate = jnp.einsum("btd,df->btf", h, cast("w_gate"))
+        up = jnp.einsum("btd,df->btf", h, cast("w_up"))
+        x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, cast("w_down"))
+        return x, cache_keys, cache_values
+
+
+def _attention(q, k, v, key_mask, query_slots):
+    """Grouped-query causal attention over slots.
+
+    q [B, T, H, hd]; k, v [B, S, KVH, hd]; key_mask [B, S] (1 = valid key); query_slots [B, T] (the
+    slot each query sits in; it sees keys in slots <= its own). Softmax in float32.
+    """
+    B, T, H, hd = q.shape
+    S, KVH = k.shape[1], k.shape[2]
+    q = q.reshape(B, T, KVH, H // KVH, hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(hd)  # [B, KVH, G, T, S]
+    visible = (key_mask[:, None, :] > 0) & (jnp.arange(S)[None, None, :] <= query_slots[:, :, None])  # [B, T, S]
+    scores = jnp.where(visible[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(B, T, H, hd)
+
+
+def init_model(config: ModelConfig, *, seed: int = 0, param_dtype=jnp.float32, dtype=jnp.float32,
+               value_head: bool = False) -> Transformer:
+    """A randomly initialised model (tests and from-scratch experiments)."""
+    return Transformer(config, rngs=nnx.Rngs(params=seed), param_dtype=param_dtype, dtype=dtype,
+                       value_head=value_head)
+
+
+def abstract_model(config: ModelConfig, *, param_dtype=jnp.float32, dtype=jnp.float32,
+                   value_head: bool = False) -> Transformer:
+    """The model's structure with ``jax.ShapeDtypeStruct`` leaves: allocates nothing."""
+    return nnx.eval_shape(lambda: init_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head))
