@@ -1,0 +1,176 @@
+"""Batched generation under ``jit`` with a KV cache: prefill, then a ``lax.while_loop`` decode loop.
+
+``generate`` takes left-padded prompts and returns, per row, the completion tokens, the per-token
+log-probs of ``softmax(logits / temperature)`` (the distribution the trainer recomputes; top-k/top-p
+truncation changes which tokens can be drawn but not these log-probs), the completion mask (1 up to
+and including the stop token) and whether the row stopped. The same key gives the same output.
+
+Prompt length and batch size are padded up to a few bucket sizes before the jitted call, so a long
+run compiles a bounded number of programs (``trace_count()`` reports how many traces happened).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.logprobs import token_logprobs
+from rljax.models.transformer import Transformer
+
+_TRACES = {"count": 0}
+
+
+def trace_count() -> int:
+    """How many times the generation program has been traced (= compiled) in this process."""
+    return _TRACES["count"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample. ``temperature == 0`` is greedy decoding; ``top_k == 0`` and ``top_p == 1`` are off."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # never stop early (fixed-length benchmarks)
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    tokens: jax.Array  # [B, N] int32, pad_token_id after the stop token
+    logprobs: jax.Array  # [B, N] float32, 0 where mask is 0
+    mask: jax.Array  # [B, N] int32, 1 for generated tokens up to and including the stop token
+    finished: jax.Array  # [B] bool, True if the row emitted a stop token
+
+    @property
+    def lengths(self) -> jax.Array:
+        return self.mask.sum(axis=-1)
+
+
+def _bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= n (and >= minimum)."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+def generate(
+    model: Transformer | tuple[nnx.GraphDef, nnx.State],
+    input_ids,
+    attention_mask,
+    key: jax.Array,
+    config: SamplingConfig,
+    *,
+    bucket: bool = True,
+) -> SampleOutput:
+    """Sample completions for a left-padded batch ``input_ids``/``attention_mask`` ``[B, P]``.
+
+    ``model`` is a :class:`Transformer` or its ``(graphdef, state)`` split (what a trainer holds).
+    With ``bucket=True`` the prompt length is padded to a power of two (>= 16) and the batch to a
+    power of two (>= 8) before the jitted call; the result is cut back to ``[B, N]``.
+    """
+    graphdef, state = nnx.split(model) if isinstance(model, nnx.Module) else model
+    input_ids = np.asarray(input_ids, np.int32) if not isinstance(input_ids, jax.Array) else input_ids
+    attention_mask = np.asarray(attention_mask, np.int32) if not isinstance(attention_mask, jax.Array) else attention_mask
+    B, P = input_ids.shape
+    if bucket:
+        P_b, B_b = _bucket(P, 16), _bucket(B, 8)
+        pad = ((0, B_b - B), (P_b - P, 0))
+        input_ids = jnp.pad(jnp.asarray(input_ids, jnp.int32), pad, constant_values=config.pad_token_id)
+        attention_mask = jnp.pad(jnp.asarray(attention_mask, jnp.int32), pad)
+    out = _generate(graphdef, state, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
+                    key, config)
+    if bucket:
+        out = jax.tree.map(lambda x: x[:B], out)
+    return out
+
+
+def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf. logits ``[B, V]``."""
+    neg = jnp.finfo(logits.dtype).min
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # [B, 1]
+        logits = jnp.where(logits < kth, neg, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+        keep = (cum - jax.nn.softmax(sorted_logits, axis=-1)) < top_p
+        threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < threshold, neg, logits)
+    return logits
+
+
+def _pick(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+    """Next token ``[B]`` and its log-prob under ``softmax(logits / temperature)``."""
+    if config.temperature == 0.0:
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        scaled = logits / config.temperature
+        filtered = _filter_logits(scaled, config.top_k, config.top_p)
+        token = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    return token, token_logprobs(logits, token, temperature=config.temperature)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "config"))
+def _generate(graphdef, state, input_ids, attention_mask, key, config: SamplingConfig) -> SampleOutput:
+    _TRACES["count"] += 1
+    model = nnx.merge(graphdef, state)
+    B, P = input_ids.shape
+    N = config.max_new_tokens
+    stop_ids = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+    use_stop = bool(config.stop_token_ids) and not config.ignore_eos
+
+    cache = model.init_cache(B, P + N)
+    positions = jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+    hidden, cache = model.forward(input_ids, attention_mask, positions=positions, cache=cache)
+    logits = model.logits(hidden[:, -1])  # [B, V]
+    next_position = attention_mask.sum(axis=-1).astype(jnp.int32)  # [B]
+
+    token, logp = _pick(logits, jax.random.fold_in(key, 0), config)
+    done = jnp.isin(token, stop_ids) if use_stop else jnp.zeros((B,), bool)
+    tokens = jnp.full((B, N), config.pad_token_id, jnp.int32).at[:, 0].set(token)
+    logprobs = jnp.zeros((B, N), jnp.float32).at[:, 0].set(logp)
+    mask = jnp.zeros((B, N), jnp.int32).at[:, 0].set(1)
+
+    def cond(carry):
+        i, _, _, _, _, _, done = carry
+        return (i < N) & ~jnp.all(done)
+
+    def body(carry):
+        i, cache, token, tokens, logprobs, mask, done = carry
+        pos = (next_position + i - 1)[:, None]
+        hidden, cache = model.forward(token[:, None], jnp.ones((B, 1), jnp.int32), positions=pos, cache=cache)
+        new_token, new_logp = _pick(model.logits(hidden[:, 0]), jax.random.fold_in(key, i), config)
+        alive = ~done
+        new_token = jnp.where(alive, new_token, config.pad_token_id)
+        tokens = tokens.at[:, i].set(new_token)
+        logprobs = logprobs.at[:, i].set(jnp.where(alive, new_logp, 0.0))
+        mask = mask.at[:, i].set(alive.astype(jnp.int32))
+        if use_stop:
+            done = done | (alive & jnp.isin(new_token, stop_ids))
+        return i + 1, cache, new_token, tokens, logprobs, mask, done
+
+    init = (jnp.asarray(1, jnp.int32), cache, token, tokens, logprobs, mask, done)
+    _, _, _, tokens, logprobs, mask, done = jax.lax.while_loop(cond, body, init)
+    return SampleOutput(tokens=tokens, logprobs=logprobs, mask=mask, finished=done)

@@ -1,0 +1,138 @@
+"""The KV-cache sampler against a cache-free reference, and its agreement with the trainer's log-probs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import sampling
+from rljax.logprobs import completion_logprobs
+from rljax.models.config import ModelConfig
+from rljax.models.transformer import init_model
+from rljax.sampling import SamplingConfig, generate
+
+CFG = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_model(CFG, seed=3)
+
+
+def _batch():
+    rows = [[5, 6, 7], [1, 2, 3, 4, 5, 9], [9]]
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return rows, ids, mask
+
+
+def _greedy_reference(model, row, n):
+    """Greedy decoding by re-running the full, cache-free forward pass every step."""
+    seq = list(row)
+    for _ in range(n):
+        seq.append(int(jnp.argmax(model(jnp.asarray([seq]))[0, -1])))
+    return seq[len(row):]
+
+
+def test_greedy_matches_cache_free_reference(model):
+    rows, ids, mask = _batch()
+    out = generate(model, ids, mask, jax.random.key(0), SamplingConfig(max_new_tokens=8, temperature=0.0))
+    for i, row in enumerate(rows):
+        assert out.tokens[i].tolist() == _greedy_reference(model, row, 8)
+    assert out.mask.tolist() == [[1] * 8] * 3
+    assert not out.finished.any()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(max_new_tokens=10, temperature=1.0),
+        SamplingConfig(max_new_tokens=10, temperature=0.7, top_k=5),
+        SamplingConfig(max_new_tokens=10, temperature=1.3, top_p=0.8),
+        SamplingConfig(max_new_tokens=10, temperature=0.0),
+    ],
+)
+def test_sampler_logprobs_equal_training_forward(model, config):
+    _, ids, mask = _batch()
+    out = generate(model, ids, mask, jax.random.key(1), config)
+    train = completion_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), out.tokens, out.mask,
+                                temperature=config.temperature)["logprobs"]
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(train * out.mask), atol=1e-5, rtol=0)
+
+
+def test_top_k_restricts_support_and_top_k_one_is_greedy(model):
+    _, ids, mask = _batch()
+    greedy = generate(model, ids, mask, jax.random.key(0), SamplingConfig(max_new_tokens=6, temperature=0.0))
+    top1 = generate(model, ids, mask, jax.random.key(5), SamplingConfig(max_new_tokens=6, temperature=2.0, top_k=1))
+    np.testing.assert_array_equal(top1.tokens, greedy.tokens)
+
+
+def test_top_p_only_draws_from_nucleus():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+    filtered = sampling._filter_logits(logits, 0, 0.75)  # 0.5 + 0.3 crosses 0.75: keep the first two
+    assert np.isfinite(np.asarray(filtered)).tolist() == [[True, True, True, True]]
+    kept = np.asarray(filtered) > np.finfo(np.float32).min
+    assert kept.tolist() == [[True, True, False, False]]
+    filtered = sampling._filter_logits(logits, 0, 0.5)  # the top token alone reaches 0.5
+    assert (np.asarray(filtered) > np.finfo(np.float32).min).tolist() == [[True, False, False, False]]
+
+
+def test_stop_tokens_end_rows_and_ignore_eos_does_not(model):
+    rows, ids, mask = _batch()
+    greedy = generate(model, ids, mask, jax.random.key(0), SamplingConfig(max_new_tokens=8, temperature=0.0))
+    stop = int(greedy.tokens[0, 2])  # row 0 emits this token third
+    cfg = SamplingConfig(max_new_tokens=8, temperature=0.0, stop_token_ids=(stop, 100), pad_token_id=0)
+    out = generate(model, ids, mask, jax.random.key(0), cfg)
+    first_stop = int(np.argmax(np.asarray(greedy.tokens[0]) == stop))
+    assert out.finished[0]
+    assert out.mask[0].tolist() == [1] * (first_stop + 1) + [0] * (7 - first_stop)
+    assert out.tokens[0, : first_stop + 1].tolist() == greedy.tokens[0, : first_stop + 1].tolist()
+    assert (np.asarray(out.tokens[0, first_stop + 1 :]) == 0).all()
+    assert (np.asarray(out.logprobs[0, first_stop + 1 :]) == 0).all()
+    fixed = generate(model, ids, mask, jax.random.key(0), cfg.__class__(**{**cfg.__dict__, "ignore_eos": True}))
+    assert fixed.mask.tolist() == [[1] * 8] * 3 and not fixed.finished.any()
+    np.testing.assert_array_equal(fixed.tokens, greedy.tokens)
+
+
+def test_same_key_same_output_other_key_differs(model):
+    _, ids, mask = _batch()
+    cfg = SamplingConfig(max_new_tokens=12, temperature=1.0)
+    a = generate(model, ids, mask, jax.random.key(7), cfg)
+    b = generate(model, ids, mask, jax.random.key(7), cfg)
+    c = generate(model, ids, mask, jax.random.key(8), cfg)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_padded_row_samples_as_if_alone(model):
+    rows, ids, mask = _batch()
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    batch = generate(model, ids, mask, jax.random.key(0), cfg)
+    alone = generate(model, np.asarray([rows[0]]), np.ones((1, 3), np.int32), jax.random.key(0), cfg)
+    np.testing.assert_array_equal(batch.tokens[0], alone.tokens[0])
+    np.testing.assert_allclose(batch.logprobs[0], alone.logprobs[0], atol=1e-5)
+
+
+def test_bucketing_bounds_compilations(model):
+    cfg = SamplingConfig(max_new_tokens=4, temperature=1.0, top_k=3)  # a config no other test uses
+    before = sampling.trace_count()
+    rng = np.random.default_rng(0)
+    for batch, length in [(3, 5), (5, 9), (7, 12), (8, 16), (2, 1)]:
+        ids = rng.integers(1, 100, size=(batch, length)).astype(np.int32)
+        generate(model, ids, np.ones_like(ids), jax.random.key(batch), cfg)
+    assert sampling.trace_count() - before == 1  # all fit the (8 rows, 16 tokens) bucket
+    ids = rng.integers(1, 100, size=(9, 17)).astype(np.int32)
+    generate(model, ids, np.ones_like(ids), jax.random.key(0), cfg)
+    assert sampling.trace_count() - before == 2  # the next bucket: (16, 32)
+
+
+def test_bad_sampling_config_is_named():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
