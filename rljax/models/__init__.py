@@ -1,0 +1,46 @@
+"""Models: the Llama-family transformer, its configs, and loading from names, HF directories and GGUF.
+
+    model, tokenizer = rljax.models.load("smollm2-135m-instruct")
+    logits = model(input_ids, attention_mask)            # [B, T, V], float32
+    hidden, _ = model.forward(input_ids, attention_mask)  # [B, T, D]
+    values = model.values(hidden)                         # [B, T], with value_head=True
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from rljax.models.config import ModelConfig, UnsupportedConfigError
+from rljax.models.transformer import KVCache, Transformer, init_model
+
+__all__ = ["KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "init_model", "load"]
+
+
+def load(
+    name_or_path: str,
+    *,
+    dtype=jnp.float32,
+    param_dtype=None,
+    value_head: bool = False,
+):
+    """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face directory.
+
+    ``dtype`` is the compute dtype; ``param_dtype`` (default: ``dtype``) the storage dtype.
+    ``value_head=True`` adds a scalar value head (zero-initialised unless the directory has one).
+    """
+    from transformers import AutoTokenizer
+
+    from rljax.models.gguf_io import read_gguf
+    from rljax.models.hf_io import load_hf_dir, model_from_params, params_from_hf_state_dict
+    from rljax.models.registry import resolve
+
+    param_dtype = dtype if param_dtype is None else param_dtype
+    resolved = resolve(name_or_path)
+    if resolved.kind == "gguf":
+        checkpoint = read_gguf(resolved.path)
+        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
+        params = params_from_hf_state_dict(config, checkpoint.state_dict)
+        model = model_from_params(config, params, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+        return model, checkpoint.tokenizer
+    model = load_hf_dir(resolved.path, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+    return model, AutoTokenizer.from_pretrained(resolved.path)

@@ -1,0 +1,135 @@
+"""The ``rljax`` command line: ``rljax generate | convert | train | eval``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="sample completions from a model",
+        description="Sample completions for one or more prompts with rljax's jitted KV-cache sampler.",
+    )
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="registered model name, .gguf file or Hugging Face directory (default: %(default)s)")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text; repeat the flag for a batch of prompts")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each prompt as a user message with the tokenizer's chat template")
+    p.add_argument("--system", default=None, help="system message used with --chat")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy decoding (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--num-samples", type=int, default=1, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: %(default)s)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="compute and parameter dtype (default: %(default)s)")
+    p.set_defaults(func=_generate)
+
+
+def _generate(args) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rljax.models import load
+    from rljax.sampling import SamplingConfig, generate
+
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    model, tokenizer = load(args.model, dtype=dtype)
+    texts = []
+    for prompt in args.prompt:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        texts.extend([prompt] * args.num_samples)
+    encoded = [tokenizer(t, add_special_tokens=not args.chat)["input_ids"] for t in texts]
+    width = max(map(len, encoded))
+    ids = np.zeros((len(encoded), width), np.int32)
+    mask = np.zeros_like(ids)
+    for i, row in enumerate(encoded):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    stop = tuple(sorted({t for t in (model.config.eos_token_ids or ()) if t is not None}
+                        | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop[0] if stop else 0)
+    config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, stop_token_ids=stop, ignore_eos=args.ignore_eos, pad_token_id=pad)
+    start = time.perf_counter()
+    out = generate(model, ids, mask, jax.random.key(args.seed), config)
+    out.tokens.block_until_ready()
+    seconds = time.perf_counter() - start
+    lengths = np.asarray(out.mask.sum(axis=-1))
+    for i, text in enumerate(texts):
+        completion = tokenizer.decode(np.asarray(out.tokens[i, : lengths[i]]), skip_special_tokens=True)
+        print(f"--- [{i}] ({lengths[i]} tokens{', stopped' if out.finished[i] else ''})")
+        print(completion)
+    print(f"# {int(lengths.sum())} new tokens in {seconds:.2f} s (compile included)", file=sys.stderr)
+    return 0
+
+
+def _add_convert(sub) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="write a Hugging Face model directory from a GGUF file or registered name",
+        description="Dequantise a GGUF model (or a registered name such as smollm2-135m-instruct) and write a "
+        "standard Hugging Face directory: config.json, model.safetensors and tokenizer files, loadable by "
+        "transformers.AutoModelForCausalLM.from_pretrained and by rljax.",
+    )
+    p.add_argument("source", help="a .gguf file or a registered model name")
+    p.add_argument("output", help="directory to write (created if missing)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the written weights (default: %(default)s)")
+    p.set_defaults(func=_convert)
+
+
+def _convert(args) -> int:
+    import json
+    import os
+
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from rljax.models.gguf_io import read_gguf
+    from rljax.models.registry import resolve
+
+    resolved = resolve(args.source)
+    if resolved.kind != "gguf":
+        raise SystemExit(f"convert reads GGUF files; {args.source!r} is a {resolved.kind}")
+    checkpoint = read_gguf(resolved.path)
+    dtype = ml_dtypes.bfloat16 if args.dtype == "bfloat16" else np.float32
+    os.makedirs(args.output, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in checkpoint.state_dict.items()}
+    save_file(tensors, os.path.join(args.output, "model.safetensors"), metadata={"format": "pt"})
+    config = dict(checkpoint.hf_config, dtype=args.dtype)
+    with open(os.path.join(args.output, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    checkpoint.tokenizer.save_pretrained(args.output)
+    print(f"wrote {len(tensors)} tensors, config.json and tokenizer files to {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_generate(sub)
+    _add_convert(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

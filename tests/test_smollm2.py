@@ -1,0 +1,118 @@
+"""The embedded SmolLM2-135M-Instruct GGUF, loaded by rljax, against transformers' own GGUF loading."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # ~2.5 min: loads the 135M model twice (rljax and transformers)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rljax.models import load  # noqa: E402
+from rljax.models.registry import resolve  # noqa: E402
+from rljax.sampling import SamplingConfig, generate  # noqa: E402
+
+SYSTEM = "Answer the arithmetic question. Put the final number inside <answer></answer>."
+QUESTIONS = ["What is 12+35?", "Name a colour.", "What is 7 times 8? Explain briefly."]
+
+
+@pytest.fixture(scope="module")
+def both():
+    path = resolve("smollm2-135m-instruct").path
+    ours, tokenizer = load("smollm2-135m-instruct")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    return ours, tokenizer, reference
+
+
+def _prompts(tokenizer):
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for q in QUESTIONS
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _left_pad(rows, pad):
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad, np.int32)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask
+
+
+def test_logits_match_transformers_gguf_loading(both):
+    """Padded-batch logits against transformers' float32 and float64 forward passes.
+
+    30 float32 layers accumulate rounding: transformers' own float32 logits sit ~6e-5 from its
+    float64 logits (|logits| up to ~40). We require rljax to be as close to the float64 truth as
+    transformers' float32 is, within a factor of 3, and within 2e-4 of transformers' float32.
+    """
+    ours, tokenizer, reference = both
+    reference64 = copy.deepcopy(reference).double()
+    rows = _prompts(tokenizer)
+    ids, mask = _left_pad(rows, tokenizer.pad_token_id)
+    logits = np.asarray(ours(jnp.asarray(ids), jnp.asarray(mask)))
+    for i, row in enumerate(rows):
+        with torch.no_grad():
+            ref32 = reference(torch.tensor([row])).logits[0].numpy()
+            ref64 = reference64(torch.tensor([row])).logits[0].numpy()
+        mine = logits[i, ids.shape[1] - len(row):]
+        assert np.abs(mine - ref64).max() <= 3 * np.abs(ref32 - ref64).max()
+        np.testing.assert_allclose(mine, ref32, atol=2e-4, rtol=0)
+
+
+def test_greedy_generation_matches_transformers(both):
+    ours, tokenizer, reference = both
+    rows = _prompts(tokenizer)
+    ids, mask = _left_pad(rows, tokenizer.pad_token_id)
+    n = 24
+    eos = tokenizer.eos_token_id
+    out = generate(ours, ids, mask, jax.random.key(0),
+                   SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(eos,), pad_token_id=eos))
+    for i, row in enumerate(rows):
+        with torch.no_grad():
+            ref = reference.generate(torch.tensor([row]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                                     pad_token_id=eos)[0, len(row):].tolist()
+        length = int(out.mask[i].sum())
+        assert out.tokens[i, :length].tolist() == ref, tokenizer.decode(ref)
+
+
+def test_generate_cli_runs_on_the_embedded_model():
+    result = subprocess.run(
+        [sys.executable, "-m", "rljax.cli", "generate", "--prompt", "What is 12+35?", "--chat",
+         "--max-new-tokens", "8"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "12 + 35" in result.stdout
+
+
+def test_convert_writes_a_directory_transformers_and_rljax_load(tmp_path, both):
+    ours, tokenizer, reference = both
+    result = subprocess.run(
+        [sys.executable, "-m", "rljax.cli", "convert", "smollm2-135m-instruct", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    row = _prompts(tokenizer)[0]
+    again, again_tokenizer = load(str(tmp_path))
+    assert again_tokenizer(tokenizer.decode(row), add_special_tokens=False)["input_ids"] == row
+    np.testing.assert_array_equal(np.asarray(again(jnp.asarray([row]))), np.asarray(ours(jnp.asarray([row]))))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(torch.tensor([row])).logits[0].numpy(),
+                                   reference(torch.tensor([row])).logits[0].numpy(), atol=1e-5, rtol=0)
