@@ -15,7 +15,7 @@ What llama.cpp's `convert_hf_to_gguf.py` changed, and how it is undone here:
 - Weights may be quantised (Q4_1, Q8_0, K-quants, ...): `gguf.quants.dequantize` unpacks them to float32.
 - For the `llama` architecture the rows of `q_proj` and `k_proj` are permuted per head, from
   Hugging Face's "first half / second half" RoPE layout to llama.cpp's interleaved pairs
-  (`LlamaModel.permute`); `_unpermute_rope_rows` applies the inverse. Qwen2/Qwen3 files are not permuted.
+  (`LlamaModel.permute`); `unpermute_rope_rows` applies the inverse. Qwen2/Qwen3 files are not permuted.
 
 The tokenizer is built with the `tokenizers` library from the vocabulary, merges and token types in
 the metadata. For a byte-level BPE vocabulary (`tokenizer.ggml.model == "gpt2"`) the text is split

@@ -173,7 +173,9 @@ def save_hf_dir(directory: str, model: Transformer, tokenizer=None, *, dtype=np.
     from safetensors.numpy import save_file
 
     os.makedirs(directory, exist_ok=True)
-    params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.float32)), nnx.to_pure_dict(nnx.state(model)))
+    from rljax.models.lora import merged_params
+
+    params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.float32)), merged_params(model))
     value_head = params.pop("value_head", None)
     tensors = {k: v.astype(dtype) for k, v in hf_state_dict_from_params(model.config, params).items()}
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

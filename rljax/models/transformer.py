@@ -25,6 +25,15 @@ from flax import nnx
 from rljax.models.config import ModelConfig, UnsupportedConfigError
 
 
+# Projections LoRA can adapt, with their input and output axes (d model, n heads, k kv heads,
+# h head dim, f MLP width).
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+_LORA_SPECS = {
+    "wq": ("d", "nh"), "wk": ("d", "kh"), "wv": ("d", "kh"), "wo": ("nh", "d"),
+    "w_gate": ("d", "f"), "w_up": ("d", "f"), "w_down": ("f", "d"),
+}
+
+
 @flax.struct.dataclass
 class KVCache:
     """Keys and values of every layer, ``[L, B, S, KVH, hd]``; ``mask`` ``[B, S]`` marks valid slots.
@@ -125,8 +134,12 @@ class Transformer(nnx.Module):
         param_dtype=jnp.float32,
         dtype=jnp.float32,
         value_head: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_targets: tuple[str, ...] = LORA_TARGETS,
     ):
         self.config = config
+        self.lora_scale = lora_alpha / lora_rank if lora_rank else 0.0
         self.dtype = dtype
         c = config
         L, D, H, KVH, hd, F, V = (
@@ -154,6 +167,22 @@ class Transformer(nnx.Module):
         if c.qk_norm:
             layers["q_norm"] = p((L, hd), ("layers", "head_dim"), "ones")
             layers["k_norm"] = p((L, hd), ("layers", "head_dim"), "ones")
+        if lora_rank:
+            unknown = set(lora_targets) - set(LORA_TARGETS)
+            if unknown:
+                raise ValueError(f"unknown LoRA targets {sorted(unknown)}; choose from {LORA_TARGETS}")
+            sizes = {"d": D, "n": H, "k": KVH, "h": hd, "f": F}
+            names = {"d": "embed", "n": "heads", "k": "kv_heads", "h": "head_dim", "f": "mlp"}
+            for name in lora_targets:
+                ins, outs = _LORA_SPECS[name]
+                fan_in = int(np.prod([sizes[a] for a in ins]))
+                a_shape = (L, *[sizes[a] for a in ins], lora_rank)
+                b_shape = (L, lora_rank, *[sizes[a] for a in outs])
+                a = _param(rngs, a_shape, ("layers", *[names[x] for x in ins], "lora"), param_dtype, "normal", fan_in)
+                b = _param(rngs, b_shape, ("layers", "lora", *[names[x] for x in outs]), param_dtype, "zeros")
+                # LoRAParam, not Param: trainers select trainable weights by this type.
+                layers[f"{name}_lora_a"] = nnx.LoRAParam(a[...], logical_axes=a.logical_axes)
+                layers[f"{name}_lora_b"] = nnx.LoRAParam(b[...], logical_axes=b.logical_axes)
         self.layers = nnx.Dict(layers)
         self.final_norm = p((D,), ("norm",), "ones")
         self.lm_head = None if c.tie_word_embeddings else p((D, V), ("embed", "vocab"), fan_in=D)
@@ -249,9 +278,9 @@ class Transformer(nnx.Module):
         c, dt = self.config, self.dtype
         cast = lambda name: lp[name].astype(dt)
         h = rms_norm(x, lp["attn_norm"], c.rms_norm_eps)
-        q = jnp.einsum("btd,dnh->btnh", h, cast("wq"))  # [B, T, H, hd]
-        k = jnp.einsum("btd,dnh->btnh", h, cast("wk"))  # [B, T, KVH, hd]
-        v = jnp.einsum("btd,dnh->btnh", h, cast("wv"))
+        q = self._proj(h, lp, "wq")  # [B, T, H, hd]
+        k = self._proj(h, lp, "wk")  # [B, T, KVH, hd]
+        v = self._proj(h, lp, "wv")
         if c.qkv_bias:
             q, k, v = q + _lead(cast("bq"), 4), k + _lead(cast("bk"), 4), v + _lead(cast("bv"), 4)
         if c.qk_norm:
@@ -269,15 +298,25 @@ class Transformer(nnx.Module):
             cache_values = jax.lax.dynamic_update_slice(cache_values, v[None].astype(cache_values.dtype), start)
             all_k, all_v = cache_keys[layer], cache_values[layer]  # [B, S, KVH, hd]
         attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
-        out = jnp.einsum("btnh,nhd->btd", attn, cast("wo"))
+        out = self._proj(attn, lp, "wo")
         if c.o_bias:
             out = out + _lead(cast("bo"), 3)
         x = x + out
         h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, cast("w_gate"))
-        up = jnp.einsum("btd,df->btf", h, cast("w_up"))
-        x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, cast("w_down"))
+        gate = self._proj(h, lp, "w_gate")
+        up = self._proj(h, lp, "w_up")
+        x = x + self._proj(jax.nn.silu(gate) * up, lp, "w_down")
         return x, cache_keys, cache_values
+
+    def _proj(self, x, lp, name):
+        """``x @ W`` for projection ``name``, plus ``scale * (x @ A) @ B`` when it has LoRA weights."""
+        ins, outs = _LORA_SPECS[name]
+        y = jnp.einsum(f"bt{ins},{ins}{outs}->bt{outs}", x, lp[name].astype(self.dtype))
+        if f"{name}_lora_a" in lp:
+            a, b = lp[f"{name}_lora_a"].astype(self.dtype), lp[f"{name}_lora_b"].astype(self.dtype)
+            low = jnp.einsum(f"bt{ins},{ins}r->btr", x, a)
+            y = y + self.lora_scale * jnp.einsum(f"btr,r{outs}->bt{outs}", low, b)
+        return y
 
 
 def _attention(q, k, v, key_mask, query_slots):
@@ -297,14 +336,11 @@ def _attention(q, k, v, key_mask, query_slots):
     return out.reshape(B, T, H, hd)
 
 
-def init_model(config: ModelConfig, *, seed: int = 0, param_dtype=jnp.float32, dtype=jnp.float32,
-               value_head: bool = False) -> Transformer:
-    """A randomly initialised model (tests and from-scratch experiments)."""
-    return Transformer(config, rngs=nnx.Rngs(params=seed), param_dtype=param_dtype, dtype=dtype,
-                       value_head=value_head)
+def init_model(config: ModelConfig, *, seed: int = 0, **kwargs) -> Transformer:
+    """A randomly initialised model (tests and from-scratch experiments); kwargs as :class:`Transformer`."""
+    return Transformer(config, rngs=nnx.Rngs(params=seed), **kwargs)
 
 
-def abstract_model(config: ModelConfig, *, param_dtype=jnp.float32, dtype=jnp.float32,
-                   value_head: bool = False) -> Transformer:
+def abstract_model(config: ModelConfig, **kwargs) -> Transformer:
     """The model's structure with ``jax.ShapeDtypeStruct`` leaves: allocates nothing."""
-    return nnx.eval_shape(lambda: init_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head))
+    return nnx.eval_shape(lambda: init_model(config, **kwargs))

@@ -1,0 +1,46 @@
+"""Reward functions: `fn(completions, examples) -> float64 [N]` (NaN = missing), their weighted
+sum (`RewardSet`, `combine`) and the config registry (`build_rewards`, `register_reward`)."""
+
+from rljax.rewards.base import (
+    RewardFn,
+    RewardOutput,
+    RewardSet,
+    build_reward,
+    build_rewards,
+    call_reward,
+    combine,
+    per_sample,
+    register_reward,
+    registered_rewards,
+    reward_metrics,
+)
+from rljax.rewards.sentiment import make_sentiment_reward, sentiment_scores
+from rljax.rewards.shaping import (
+    make_length_reward,
+    make_overlong_reward,
+    soft_overlong_punishment,
+)
+from rljax.rewards.verifiers import (
+    answer_score,
+    answers_match,
+    countdown_score,
+    extract_answer,
+    extract_tag,
+    has_answer_tag,
+    make_answer_reward,
+    make_answer_tag_format_reward,
+    make_countdown_reward,
+    make_format_reward,
+    make_reasoning_gym_reward,
+    think_answer_format,
+)
+
+__all__ = [
+    "RewardFn", "RewardOutput", "RewardSet", "build_reward", "build_rewards", "call_reward",
+    "combine", "per_sample", "register_reward", "registered_rewards", "reward_metrics",
+    "make_sentiment_reward", "sentiment_scores", "make_length_reward", "make_overlong_reward",
+    "soft_overlong_punishment", "answer_score", "answers_match", "countdown_score",
+    "extract_answer", "extract_tag", "has_answer_tag", "make_answer_reward",
+    "make_answer_tag_format_reward", "make_countdown_reward", "make_format_reward",
+    "make_reasoning_gym_reward", "think_answer_format",
+]

@@ -1,0 +1,292 @@
+"""Reward-function interface, the per-sample wrapper, the weighted sum and the name registry.
+
+A reward function scores a batch of completions:
+
+    fn(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray  # [N] float64
+
+`examples[i]` is the dataset row that completion `i` answers (it holds e.g. `answer`, `metadata`,
+and `completion_length`, the completion's token count, which the trainer fills in). NaN means
+"missing": the function could not score that sample. Most rewards are written per sample and
+wrapped with `per_sample`, which turns an exception on one sample into a NaN for that sample only.
+
+`RewardSet` (built by `combine` or, from a config mapping, by `build_rewards`) is the weighted sum
+`total = Σ_k w_k · r_k`. A sample is *missing* when any function returned NaN for it; its total is
+NaN, and the trainer decides what to do with it (drop the group, or score it 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], np.ndarray]
+SampleRewardFn = Callable[[str, Mapping[str, Any]], float]
+
+
+def reward_name(fn: Callable[..., Any]) -> str:
+    """The name a reward function reports in warnings and errors."""
+    name = getattr(fn, "reward_name", None) or getattr(fn, "__name__", None)
+    return name if name else type(fn).__name__
+
+
+def per_sample(fn: SampleRewardFn | None = None, *, name: str | None = None):
+    """Turn `f(completion, example) -> float` into a batch reward function.
+
+    An exception on one sample scores that sample NaN and is reported by one `logging` warning per
+    call (naming the function, how many samples failed and the first exception), not one per sample.
+    Usable as `@per_sample`, `@per_sample(name="answer")` or `per_sample(f, name=...)`.
+    """
+
+    def wrap(f: SampleRewardFn) -> RewardFn:
+        label = name or reward_name(f)
+
+        @functools.wraps(f)
+        def batch_fn(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+            _check_batch(label, completions, examples)
+            out = np.empty(len(completions), dtype=np.float64)
+            failures = 0
+            first: tuple[int, BaseException] | None = None
+            for i, (completion, example) in enumerate(zip(completions, examples)):
+                try:
+                    out[i] = float(f(completion, example))
+                except Exception as exc:  # noqa: BLE001 - one bad sample must not kill the batch
+                    out[i] = np.nan
+                    failures += 1
+                    if first is None:
+                        first = (i, exc)
+            if first is not None:
+                index, exc = first
+                logger.warning(
+                    "reward %r raised on %d of %d samples (scored NaN); first at sample %d: %s: %s",
+                    label, failures, len(completions), index, type(exc).__name__, exc,
+                )
+            return out
+
+        batch_fn.reward_name = label  # type: ignore[attr-defined]
+        batch_fn.sample_fn = f  # type: ignore[attr-defined]  # the unwrapped scorer, for direct use
+        return batch_fn
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def _check_batch(label: str, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> None:
+    if isinstance(completions, str):
+        raise TypeError(f"reward {label!r}: completions must be a sequence of strings, got one str")
+    if len(completions) != len(examples):
+        raise ValueError(
+            f"reward {label!r}: got {len(completions)} completions but {len(examples)} examples"
+        )
+
+
+def call_reward(name: str, fn: RewardFn, completions: Sequence[str],
+                examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Call one reward function and check its output: float64 `[N]`, or a clear error naming it."""
+    try:
+        values = fn(completions, examples)
+    except Exception as exc:
+        raise RuntimeError(
+            f"reward function {name!r} failed for the whole batch of {len(completions)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        values = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"reward function {name!r} returned {type(values).__name__}, not numbers: {exc}"
+        ) from exc
+    if values.shape != (len(completions),):
+        raise ValueError(
+            f"reward function {name!r} returned shape {values.shape}; "
+            f"expected ({len(completions)},), one value per completion"
+        )
+    return values
+
+
+class RewardOutput(NamedTuple):
+    """What a `RewardSet` returns. Unpacks as `total, per_function, missing = reward_set(...)`."""
+
+    total: np.ndarray  # [N] float64, NaN where missing
+    per_function: dict[str, np.ndarray]  # name -> [N] float64, unweighted
+    missing: np.ndarray  # [N] bool, True where any function returned NaN
+
+
+class RewardSet:
+    """A weighted sum of named reward functions: `{name: (weight, fn)}`.
+
+    `reward_set(completions, examples)` returns a `RewardOutput(total, per_function, missing)`;
+    `per_function` holds the unweighted values. A weight of 0 still computes (and logs) the function.
+    """
+
+    def __init__(self, spec: Mapping[str, tuple[float, RewardFn]]):
+        if not spec:
+            raise ValueError("a RewardSet needs at least one reward function")
+        self.weights: dict[str, float] = {}
+        self.functions: dict[str, RewardFn] = {}
+        for name, entry in spec.items():
+            try:
+                weight, fn = entry
+            except (TypeError, ValueError):
+                raise TypeError(f"reward {name!r}: expected a (weight, fn) pair, got {entry!r}") from None
+            self.weights[name] = _check_weight(name, weight)
+            if not callable(fn):
+                raise TypeError(f"reward {name!r}: {fn!r} is not callable")
+            self.functions[name] = fn
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.functions)
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> RewardOutput:
+        _check_batch("RewardSet", completions, examples)
+        n = len(completions)
+        per_function = {
+            name: call_reward(name, fn, completions, examples) for name, fn in self.functions.items()
+        }
+        missing = np.zeros(n, dtype=bool)
+        total = np.zeros(n, dtype=np.float64)
+        for name, values in per_function.items():
+            missing |= np.isnan(values)
+            total += self.weights[name] * values
+        total[missing] = np.nan
+        return RewardOutput(total, per_function, missing)
+
+    def metrics(self, output: RewardOutput) -> dict[str, float]:
+        """Scalar metrics for `output`; see `reward_metrics`."""
+        return reward_metrics(output)
+
+    def __repr__(self) -> str:
+        terms = ", ".join(f"{name}: {w:g}" for name, w in self.weights.items())
+        return f"RewardSet({{{terms}}})"
+
+
+def combine(spec: Mapping[str, tuple[float, RewardFn]]) -> RewardSet:
+    """The weighted sum `{name: (weight, fn)}` as a `RewardSet`."""
+    return RewardSet(spec)
+
+
+def reward_metrics(output: RewardOutput) -> dict[str, float]:
+    """Flat scalar metrics for logging.
+
+    Keys: `reward/<name>/mean` (mean of that function over the samples it scored, i.e. ignoring its
+    NaNs), `reward/total/mean` and `reward/total/std` (over non-missing samples), and
+    `reward/missing_count` (samples where any function returned NaN). A mean over zero samples
+    is NaN.
+    """
+    metrics: dict[str, float] = {}
+    for name, values in output.per_function.items():
+        metrics[f"reward/{name}/mean"] = _nanmean(values)
+    valid = output.total[~output.missing]
+    metrics["reward/total/mean"] = float(valid.mean()) if valid.size else math.nan
+    metrics["reward/total/std"] = float(valid.std()) if valid.size else math.nan
+    metrics["reward/missing_count"] = float(np.count_nonzero(output.missing))
+    return metrics
+
+
+def _nanmean(values: np.ndarray) -> float:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def _check_weight(name: str, weight: Any) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.floating, np.integer)):
+        raise TypeError(f"reward {name!r}: weight must be a number, got {weight!r}")
+    if not math.isfinite(float(weight)):
+        raise ValueError(f"reward {name!r}: weight must be finite, got {weight!r}")
+    return float(weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: config names -> constructors.
+
+_REGISTRY: dict[str, Callable[..., RewardFn]] = {}
+
+
+def register_reward(name: str, constructor: Callable[..., RewardFn], *, overwrite: bool = False) -> None:
+    """Make `constructor(**options, **context) -> RewardFn` available to configs as `name`.
+
+    Options come from the config entry; context (e.g. `max_length`, `tokenizer`, a reward model)
+    from the caller of `build_rewards`, passed only where the constructor's signature names it
+    (or takes `**kwargs`). Options win over context.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+    if not callable(constructor):
+        raise TypeError(f"reward {name!r}: constructor {constructor!r} is not callable")
+    if name in _REGISTRY and not overwrite and _REGISTRY[name] is not constructor:
+        raise ValueError(f"reward {name!r} is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = constructor
+
+
+def registered_rewards() -> tuple[str, ...]:
+    """Names `build_rewards` accepts."""
+    _ensure_builtin_rewards()
+    return tuple(sorted(_REGISTRY))
+
+
+def build_reward(name: str, options: Mapping[str, Any] | None = None, **context: Any) -> RewardFn:
+    """Construct one registered reward function by name."""
+    _ensure_builtin_rewards()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    constructor = _REGISTRY[name]
+    options = dict(options or {})
+    params = inspect.signature(constructor).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted = [p for p, v in params.items()
+                if v.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if not takes_kwargs:
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"reward {name!r}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"accepted: {', '.join(accepted) if accepted else '(none)'}"
+            )
+    kwargs = {k: v for k, v in context.items() if takes_kwargs or k in accepted}
+    kwargs.update(options)
+    fn = constructor(**kwargs)
+    if not callable(fn):
+        raise TypeError(f"reward {name!r}: constructor returned {fn!r}, not a callable")
+    return fn
+
+
+def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], **context: Any) -> RewardSet:
+    """Build a `RewardSet` from a config mapping.
+
+    Each entry is `name: weight`, or `name: {weight: w, <options>}`; inside the mapping,
+    `type: <registered name>` lets one constructor appear twice under different names, e.g.
+
+        rewards:
+          answer: 1.0
+          format: {weight: 0.2, think_prefilled: true}
+          long_penalty: {type: length, weight: -0.001, unit: chars}
+
+    A mapping without `weight` gets weight 1.0. `context` is offered to every constructor
+    (see `register_reward`).
+    """
+    if not spec:
+        raise ValueError("rewards: at least one reward is required")
+    entries: dict[str, tuple[float, RewardFn]] = {}
+    for key, value in spec.items():
+        if isinstance(value, Mapping):
+            options = dict(value)
+            weight = options.pop("weight", 1.0)
+            kind = options.pop("type", key)
+        else:
+            options, weight, kind = {}, value, key
+        weight = _check_weight(key, weight)
+        entries[key] = (weight, build_reward(kind, options, **context))
+    return RewardSet(entries)
+
+
+def _ensure_builtin_rewards() -> None:
+    # The built-in constructors live in sibling modules, which register them when imported.
+    import rljax.rewards.sentiment  # noqa: F401
+    import rljax.rewards.shaping  # noqa: F401
+    import rljax.rewards.verifiers  # noqa: F401
