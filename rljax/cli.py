@@ -116,6 +116,75 @@ def _convert(args) -> int:
     return 0
 
 
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="run an RL training job from a YAML config",
+        description="Train with the algorithm the config names (grpo, ppo, rloo). Every config field is "
+        "documented in rljax/run_config.py; override any of them as dotted KEY=VALUE arguments, e.g. "
+        "optim.learning_rate=1e-5 train.steps=10. Metrics go to RUN_DIR/metrics.jsonl, samples to "
+        "RUN_DIR/samples.jsonl, checkpoints to RUN_DIR/checkpoints.",
+    )
+    p.add_argument("config", help="YAML file, e.g. configs/grpo_smollm2_arith.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in train.run_dir (parameters, optimizer, step, data)")
+    p.set_defaults(func=_train)
+
+
+def _train(args) -> int:
+    from rljax.config import load_config
+    from rljax.run_config import RunConfig
+    from rljax.train import Trainer
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    start = time.perf_counter()
+    summary = Trainer(cfg, resume=args.resume).fit()
+    _print_eval(summary)
+    print(f"# trained {cfg.train.steps} steps in {time.perf_counter() - start:.0f} s; run dir {cfg.train.run_dir}")
+    return 0
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a base model or a trained checkpoint on the config's held-out prompts",
+        description="Sample (greedy by default: sampling.eval_temperature) on the held-out split of the "
+        "config's task and print the mean of each reward and the mean completion length.",
+    )
+    p.add_argument("config", help="YAML config naming the model, task and rewards")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
+    p.add_argument("--checkpoint", default=None,
+                   help="a run directory (train.run_dir) whose latest checkpoint to evaluate; default: the base model")
+    p.set_defaults(func=_eval)
+
+
+def _eval(args) -> int:
+    from rljax.config import load_config
+    from rljax.run_config import RunConfig
+    from rljax.train import Trainer
+
+    overrides = list(args.overrides)
+    if args.checkpoint:
+        overrides.append(f"train.run_dir={args.checkpoint}")
+    cfg = load_config(RunConfig, args.config, overrides)
+    trainer = Trainer(cfg, resume=bool(args.checkpoint), write_config=False)
+    results = trainer.evaluate()
+    label = f"checkpoint {args.checkpoint} (step {trainer.step})" if args.checkpoint else f"base model {cfg.model.name}"
+    print(f"# {label}, {len(trainer.eval_examples)} held-out prompts")
+    for key, value in results.items():
+        print(f"{key:28s} {value:.4f}")
+    return 0
+
+
+def _print_eval(summary: dict) -> None:
+    before, after = summary.get("before", {}), summary.get("after", {})
+    print(f"{'metric':28s} {'before':>8s} {'after':>8s}")
+    for key in after:
+        b = before.get(key)
+        print(f"{key:28s} {'' if b is None else f'{b:8.4f}':>8s} {after[key]:8.4f}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX."
@@ -123,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
     _add_convert(sub)
+    _add_train(sub)
+    _add_eval(sub)
     return parser
 
 

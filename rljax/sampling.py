@@ -75,7 +75,7 @@ def _bucket(n: int, minimum: int) -> int:
 
 
 def generate(
-    model: Transformer | tuple[nnx.GraphDef, nnx.State],
+    model: Transformer | tuple,
     input_ids,
     attention_mask,
     key: jax.Array,
@@ -85,11 +85,12 @@ def generate(
 ) -> SampleOutput:
     """Sample completions for a left-padded batch ``input_ids``/``attention_mask`` ``[B, P]``.
 
-    ``model`` is a :class:`Transformer` or its ``(graphdef, state)`` split (what a trainer holds).
+    ``model`` is a :class:`Transformer` or its split ``(graphdef, state, ...)`` (what a trainer holds,
+    e.g. ``(graphdef, trainable, frozen)``).
     With ``bucket=True`` the prompt length is padded to a power of two (>= 16) and the batch to a
     power of two (>= 8) before the jitted call; the result is cut back to ``[B, N]``.
     """
-    graphdef, state = nnx.split(model) if isinstance(model, nnx.Module) else model
+    graphdef, *states = nnx.split(model) if isinstance(model, nnx.Module) else model
     input_ids = np.asarray(input_ids, np.int32) if not isinstance(input_ids, jax.Array) else input_ids
     attention_mask = np.asarray(attention_mask, np.int32) if not isinstance(attention_mask, jax.Array) else attention_mask
     B, P = input_ids.shape
@@ -98,7 +99,7 @@ def generate(
         pad = ((0, B_b - B), (P_b - P, 0))
         input_ids = jnp.pad(jnp.asarray(input_ids, jnp.int32), pad, constant_values=config.pad_token_id)
         attention_mask = jnp.pad(jnp.asarray(attention_mask, jnp.int32), pad)
-    out = _generate(graphdef, state, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
+    out = _generate(graphdef, tuple(states), jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
                     key, config)
     if bucket:
         out = jax.tree.map(lambda x: x[:B], out)
@@ -133,9 +134,9 @@ def _pick(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> tuple[ja
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
-def _generate(graphdef, state, input_ids, attention_mask, key, config: SamplingConfig) -> SampleOutput:
+def _generate(graphdef, states, input_ids, attention_mask, key, config: SamplingConfig) -> SampleOutput:
     _TRACES["count"] += 1
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, *states)
     B, P = input_ids.shape
     N = config.max_new_tokens
     stop_ids = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)

@@ -1,0 +1,29 @@
+"""Pure loss functions over arrays: ``(loss, metrics) = f(arrays..., *, hyperparameters)``.
+
+Modules: ``reduce`` (token/sequence reductions, implemented once), ``policy`` (clipped surrogate,
+REINFORCE), ``kl`` (KL estimators), ``value`` (PPO value loss), ``preference`` (DPO family),
+``reward_model`` (Bradley–Terry, K-wise ranking).
+"""
+
+from rljax.losses.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from rljax.losses.policy import policy_gradient_loss, reinforce_loss
+from rljax.losses.preference import preference_loss
+from rljax.losses.reduce import REDUCTIONS, masked_mean, reduce_tokens
+from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
+from rljax.losses.value import explained_variance, value_loss
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "REDUCTIONS",
+    "bradley_terry_loss",
+    "explained_variance",
+    "kl_loss",
+    "kl_penalty",
+    "kwise_ranking_loss",
+    "masked_mean",
+    "policy_gradient_loss",
+    "preference_loss",
+    "reduce_tokens",
+    "reinforce_loss",
+    "value_loss",
+]

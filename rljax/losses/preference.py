@@ -1,0 +1,148 @@
+"""Offline preference losses on sequence log-probabilities: DPO and its variants.
+
+Inputs are per-pair ``[B]`` **sums** of completion-token log-probs under the policy and the frozen
+reference. With ``c = logπ(y⁺) − logπ_ref(y⁺)``, ``r = logπ(y⁻) − logπ_ref(y⁻)``, ``Δ = c − r``
+and ``ε = label_smoothing``, the per-pair losses are:
+
+============ ====================================================== ==================================
+loss_type    per-pair loss                                          paper / reference code
+============ ====================================================== ==================================
+``sigmoid``  ``−(1−ε) log σ(βΔ) − ε log σ(−βΔ)`` (ε = 0: DPO)       DPO arXiv:2305.18290
+``cdpo``     same as ``sigmoid`` (name for ε > 0)                   cDPO (Mitchell 2023, "A note on
+                                                                    DPO with noisy preferences")
+``robust``   ``[−(1−ε) log σ(βΔ) + ε log σ(−βΔ)] / (1 − 2ε)``       rDPO arXiv:2403.00409
+``ipo``      ``(c/|y⁺| − r/|y⁻| − 1/(2β))²``                        IPO arXiv:2310.12036 (TRL: log-
+                                                                    ratios averaged per token)
+``hinge``    ``relu(1 − βΔ)``                                       SLiC arXiv:2305.10425
+``simpo``    ``−(1−ε) log σ(βΔ̄ − γ) − ε log σ(−(βΔ̄ − γ))``,        SimPO arXiv:2405.14734 (TRL
+             ``Δ̄ = logπ(y⁺)/|y⁺| − logπ(y⁻)/|y⁻|``, no reference    ``CPOTrainer`` ``simpo``)
+============ ====================================================== ==================================
+
+``reference_free=True`` sets the reference log-probs to 0 (``c = logπ(y⁺)``, ...); ``simpo`` never
+uses them. Reference code: TRL ``DPOTrainer`` (``sigmoid``, ``robust``, ``ipo``, ``hinge``).
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+LOSS_TYPES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo")
+
+
+def _pair_mean(x, valid, num_pairs):
+    total = jnp.sum(jnp.where(valid, x, jnp.zeros_like(x)))
+    if num_pairs is None:
+        num_pairs = jnp.maximum(jnp.sum(valid, dtype=x.dtype), 1.0)
+    return total / jnp.asarray(num_pairs, dtype=x.dtype)
+
+
+def _smoothed_logistic(z, label_smoothing):
+    return -(1.0 - label_smoothing) * jax.nn.log_sigmoid(z) - label_smoothing * jax.nn.log_sigmoid(-z)
+
+
+def preference_loss(
+    policy_chosen_logps: chex.Array,
+    policy_rejected_logps: chex.Array,
+    ref_chosen_logps: chex.Array,
+    ref_rejected_logps: chex.Array,
+    *,
+    loss_type: str = "sigmoid",
+    beta=0.1,
+    label_smoothing=0.0,
+    simpo_gamma=0.5,
+    chosen_lengths: chex.Array | None = None,
+    rejected_lengths: chex.Array | None = None,
+    reference_free: bool = False,
+    mask: chex.Array | None = None,
+    num_pairs=None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+    """Mean over pairs of a DPO-family loss (formulas in the module docstring).
+
+    Args:
+      policy_chosen_logps, policy_rejected_logps: ``[B]`` summed log π_θ of y⁺ / y⁻.
+      ref_chosen_logps, ref_rejected_logps: ``[B]`` summed log π_ref (stop-gradient; ignored by
+        ``simpo`` and when ``reference_free``).
+      loss_type: one of ``LOSS_TYPES``.
+      beta: ``β`` (DPO temperature; for IPO the regulariser ``τ``; SimPO's ``β``, often 2–2.5).
+      label_smoothing: ``ε`` for ``sigmoid``/``cdpo``/``robust``/``simpo`` (``robust``: ε < 0.5).
+      simpo_gamma: SimPO's target margin ``γ`` (TRL ``CPOConfig.simpo_gamma`` default 0.5).
+      chosen_lengths, rejected_lengths: ``[B]`` completion token counts ``|y⁺|``, ``|y⁻|``;
+        required by ``ipo`` and ``simpo``.
+      reference_free: treat ``log π_ref`` as 0.
+      mask: optional ``[B]`` (nonzero = the pair counts; padding rows change nothing).
+      num_pairs: global pair count for micro-batching (default: local valid pairs). Per-part
+        losses with the global count sum to the whole-batch loss.
+    Returns:
+      ``(loss, metrics)``; metrics are local means over valid pairs: ``rewards/chosen``
+      (``β c``; SimPO: ``β logπ(y⁺)/|y⁺|``), ``rewards/rejected``, ``rewards/margin``
+      (chosen − rejected), ``rewards/accuracy`` (fraction with chosen > rejected),
+      ``preference/loss``, ``logps/chosen``, ``logps/rejected``.
+    """
+    logps = [policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps]
+    chex.assert_rank(logps, 1)
+    chex.assert_equal_shape(logps)
+    chex.assert_type(logps, float)
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"preference_loss: loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    needs_lengths = loss_type in ("ipo", "simpo")
+    if needs_lengths and (chosen_lengths is None or rejected_lengths is None):
+        raise ValueError(f"loss_type={loss_type!r} needs chosen_lengths and rejected_lengths")
+    if loss_type == "robust" and isinstance(label_smoothing, (int, float)) and not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
+    if mask is None:
+        mask = jnp.ones_like(policy_chosen_logps)
+    chex.assert_equal_shape([policy_chosen_logps, mask])
+    valid = mask != 0
+    dtype = policy_chosen_logps.dtype
+
+    def clean(x):  # padded pairs may hold anything
+        return jnp.where(valid, x, jnp.zeros_like(x))
+
+    pol_c, pol_r = clean(policy_chosen_logps), clean(policy_rejected_logps)
+    if reference_free or loss_type == "simpo":
+        ref_c = ref_r = jnp.zeros_like(pol_c)
+    else:
+        ref_c = jax.lax.stop_gradient(clean(ref_chosen_logps))
+        ref_r = jax.lax.stop_gradient(clean(ref_rejected_logps))
+    if needs_lengths:
+        chex.assert_equal_shape([policy_chosen_logps, chosen_lengths, rejected_lengths])
+        len_c = jnp.maximum(jnp.where(valid, chosen_lengths, 1).astype(dtype), 1.0)
+        len_r = jnp.maximum(jnp.where(valid, rejected_lengths, 1).astype(dtype), 1.0)
+
+    chosen_logratio = pol_c - ref_c  # c
+    rejected_logratio = pol_r - ref_r  # r
+    delta = chosen_logratio - rejected_logratio
+
+    if loss_type in ("sigmoid", "cdpo"):
+        per_pair = _smoothed_logistic(beta * delta, label_smoothing)
+    elif loss_type == "robust":
+        clean_term = -(1.0 - label_smoothing) * jax.nn.log_sigmoid(beta * delta)
+        flipped_term = -label_smoothing * jax.nn.log_sigmoid(-beta * delta)
+        per_pair = (clean_term - flipped_term) / (1.0 - 2.0 * label_smoothing)
+    elif loss_type == "ipo":
+        ipo_delta = chosen_logratio / len_c - rejected_logratio / len_r
+        per_pair = jnp.square(ipo_delta - 1.0 / (2.0 * beta))
+    elif loss_type == "hinge":
+        per_pair = jax.nn.relu(1.0 - beta * delta)
+    else:  # simpo
+        avg_delta = pol_c / len_c - pol_r / len_r
+        per_pair = _smoothed_logistic(beta * avg_delta - simpo_gamma, label_smoothing)
+
+    loss = _pair_mean(per_pair, valid, num_pairs)
+
+    if loss_type == "simpo":
+        chosen_rewards, rejected_rewards = beta * pol_c / len_c, beta * pol_r / len_r
+    else:
+        chosen_rewards, rejected_rewards = beta * chosen_logratio, beta * rejected_logratio
+    metrics = {
+        "preference/loss": loss,
+        "rewards/chosen": _pair_mean(chosen_rewards, valid, None),
+        "rewards/rejected": _pair_mean(rejected_rewards, valid, None),
+        "rewards/margin": _pair_mean(chosen_rewards - rejected_rewards, valid, None),
+        "rewards/accuracy": _pair_mean((chosen_rewards > rejected_rewards).astype(dtype), valid, None),
+        "logps/chosen": _pair_mean(pol_c, valid, None),
+        "logps/rejected": _pair_mean(pol_r, valid, None),
+    }
+    return loss, jax.lax.stop_gradient(metrics)

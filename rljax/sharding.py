@@ -1,0 +1,442 @@
+"""Device mesh, logical-axis rules, and sharded parameter initialisation and loading.
+
+The mesh has three axes, ``('data', 'fsdp', 'tensor')``:
+
+* ``data``   -- pure data parallelism: the batch is split, parameters are replicated;
+* ``fsdp``   -- the batch is split *and* parameters are sharded (ZeRO-3 style: each parameter is
+  all-gathered where it is used);
+* ``tensor`` -- parameters are split along heads / MLP width / vocabulary (Megatron style).
+
+Every ``nnx.Param`` of :class:`rljax.models.transformer.Transformer` carries ``logical_axes``
+metadata, e.g. ``("layers", "embed", "heads", "head_dim")`` for ``wq``. A *rule set* maps each
+logical name to a mesh axis, a tuple of mesh axes, or ``None`` (replicated); :func:`logical_to_spec`
+turns one parameter's names into a ``PartitionSpec``::
+
+    mesh = make_mesh(fsdp=4, tensor=2)                   # 8 devices
+    model = init_sharded(config, mesh, seed=0)           # never materialised unsharded
+    graphdef, state = nnx.split(model)                   # what the jitted train/sample steps take
+    ids = jax.device_put(ids, batch_sharding(mesh))      # [B, T] split over ('data', 'fsdp')
+
+The mesh axes are ``Auto``: XLA (GSPMD) propagates the parameters' and inputs' shardings through
+the jitted steps and inserts the collectives, so results are correct without any annotation. To make
+the *batch* stay split inside the model (true FSDP rather than each device computing the whole
+batch), the model pins its activations with :func:`constrain`, which takes effect while the step is
+traced under ``with use_mesh(mesh):`` and is a no-op otherwise. With a one-device mesh (the default
+on a laptop) every spec is trivially satisfied, so trainers can always go through this module.
+
+Checkpoint loading (:func:`load_sharded`, :func:`load_hf_dir_sharded`,
+:func:`load_pretrained_sharded`): safetensors and GGUF readers give host (numpy) arrays; each
+tensor is cast to ``param_dtype`` and placed straight onto its target sharding, one tensor at a
+time, with ``jax.make_array_from_callback`` -- each device receives only its own slice, so no
+device ever holds a whole unsharded parameter set (host memory still holds the checkpoint once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+if TYPE_CHECKING:  # the model is imported lazily, so that model code can import `constrain` from here
+    from rljax.models.config import ModelConfig
+    from rljax.models.transformer import Transformer
+
+__all__ = [
+    "MESH_AXES",
+    "DEFAULT_RULES",
+    "Rules",
+    "make_mesh",
+    "logical_to_spec",
+    "param_shardings",
+    "shard_model",
+    "init_sharded",
+    "load_sharded",
+    "load_hf_dir_sharded",
+    "load_pretrained_sharded",
+    "batch_sharding",
+    "replicated",
+    "use_mesh",
+    "constrain",
+]
+
+logger = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+MeshAxes = Union[str, tuple[str, ...], None]
+Rules = tuple[tuple[str, MeshAxes], ...]
+
+DEFAULT_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("head_dim", None),
+    ("layers", None),  # the scan axis: sharding it would serialise the layers across devices
+    ("norm", None),
+    ("unsharded", None),
+    ("lora", None),  # LoRA rank: small, replicated (the adapter's other dims follow their base weight)
+    # activations (see :func:`constrain`): batch-split everywhere, heads / MLP width / vocab over tensor
+    ("length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+)
+
+# (logical name, dim size, mesh axis, mesh axis size) already reported as not divisible.
+_REPORTED_FALLBACKS: set[tuple[str, int, str, int]] = set()
+
+
+# --------------------------------------------------------------------------------------- mesh
+def make_mesh(*, data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh with axes ``('data', 'fsdp', 'tensor')`` over ``devices`` (default: ``jax.devices()``).
+
+    One size may be ``-1``: it takes the devices the others leave. The product of the sizes must
+    equal the number of devices. The axes are ``AxisType.Auto`` (GSPMD propagation; ``jax.make_mesh``
+    would default to ``Explicit``, under which the model's einsums would need output shardings).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"at most one mesh axis may be -1 (the rest of the devices), got {sizes}")
+    for name, size in sizes.items():
+        if size != -1 and size < 1:
+            raise ValueError(f"mesh axis {name!r} must be >= 1 or -1, got {size}")
+    if free:
+        known = math.prod(size for size in sizes.values() if size != -1)
+        if n % known:
+            raise ValueError(f"{n} devices cannot be split into mesh {sizes}: {n} is not a multiple of {known}")
+        sizes[free[0]] = n // known
+    shape = tuple(sizes[name] for name in MESH_AXES)
+    if math.prod(shape) != n:
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, but {n} are given "
+            f"(set one axis to -1 to use the rest)"
+        )
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+# -------------------------------------------------------------------------------------- rules
+def _rule_table(rules: Rules | Mapping[str, MeshAxes]) -> dict[str, MeshAxes]:
+    """``{logical name: mesh axis | tuple of mesh axes | None}``; lists (as YAML gives them) become tuples."""
+    table = {}
+    for name, target in rules.items() if isinstance(rules, Mapping) else rules:
+        if isinstance(target, (list, tuple)):
+            target = tuple(target) or None
+        axes = (target,) if isinstance(target, str) else (target or ())
+        if not all(isinstance(a, str) for a in axes):
+            raise ValueError(f"rule {name!r} -> {target!r}: a target is a mesh axis name, a tuple of them, or None")
+        table[name] = target
+    return table
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh | AbstractMesh,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+) -> PartitionSpec:
+    """The ``PartitionSpec`` of an array of ``shape`` whose dims have names ``logical_axes``.
+
+    Each dim goes to the mesh axes its name's rule gives, with two fallbacks:
+
+    * a dim is split over a mesh axis only if its size is divisible by that axis' size (for a tuple
+      of mesh axes, by the product of those kept); otherwise that mesh axis is dropped for this dim,
+      i.e. the dim is replicated along it (e.g. a vocabulary of 97 on ``tensor=2``), logged once at
+      debug level;
+    * a mesh axis is used at most once per spec: the leftmost dim that asks for it gets it.
+
+    A ``None`` logical name means replicated. An unknown name raises ``KeyError`` (a typo would
+    otherwise silently replicate a parameter). Mesh axes of size 1 stay in the spec (harmless), so a
+    parameter's spec reads the same on every mesh where its sizes divide.
+    """
+    if len(logical_axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(logical_axes)} do not match shape {tuple(shape)}")
+    table = _rule_table(rules)
+    mesh_sizes = dict(mesh.shape)
+    used: set[str] = set()
+    spec: list[MeshAxes] = []
+    for name, size in zip(logical_axes, shape):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in table:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; rules cover {sorted(table)}")
+        target = table[name]
+        wanted = (target,) if isinstance(target, str) else tuple(target or ())
+        kept: list[str] = []
+        for axis in wanted:
+            if axis not in mesh_sizes:
+                raise ValueError(f"rule {name!r} -> {target!r} names mesh axis {axis!r}; the mesh has {tuple(mesh_sizes)}")
+            if axis in used:
+                continue
+            axis_size = mesh_sizes[axis]
+            if size % (math.prod(mesh_sizes[a] for a in kept) * axis_size):
+                key = (name, int(size), axis, axis_size)
+                if key not in _REPORTED_FALLBACKS:
+                    _REPORTED_FALLBACKS.add(key)
+                    logger.debug(
+                        "logical axis %r of size %d is not divisible by mesh axis %r (size %d): replicated along it",
+                        name, size, axis, axis_size,
+                    )
+                continue
+            kept.append(axis)
+        used.update(kept)
+        spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*spec)
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def param_shardings(
+    state: nnx.State | nnx.Module,
+    mesh: Mesh,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+) -> Any:
+    """A tree matching ``state`` whose values are ``NamedSharding`` s on ``mesh``.
+
+    ``state`` is an ``nnx.State`` (or a module, which is split first); its values may be arrays or
+    ``jax.ShapeDtypeStruct`` s (from ``nnx.eval_shape``). Each ``nnx.Variable`` keeps its type and
+    metadata with the sharding as its value, so the result can be passed directly to
+    ``jax.device_put(state, shardings)`` or as ``jit``'s ``out_shardings``. A Variable without
+    ``logical_axes`` metadata, or a bare array leaf, is replicated.
+    """
+    if isinstance(state, nnx.Module):
+        state = nnx.state(state)
+
+    def sharding_of(leaf):
+        if _is_variable(leaf):
+            value = leaf.get_value()
+            axes = leaf.get_metadata().get("logical_axes")
+            spec = PartitionSpec() if axes is None else logical_to_spec(axes, np.shape(value), mesh, rules)
+            return leaf.replace(NamedSharding(mesh, spec))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree.map(sharding_of, state, is_leaf=_is_variable)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of a ``[B, ...]`` batch: ``B`` split over the ``batch`` rule's mesh axes (``('data', 'fsdp')``).
+
+    ``B`` must be divisible by the product of those axes' sizes (``jax.device_put`` says so if not).
+    """
+    target = _rule_table(rules).get("batch", ("data", "fsdp"))
+    return NamedSharding(mesh, PartitionSpec(target))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A full copy on every device of ``mesh`` (scalars, RNG keys, small tables)."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+# ------------------------------------------------------------------------- sharded parameters
+def shard_model(
+    model: Transformer | nnx.Module | tuple[nnx.GraphDef, nnx.State],
+    mesh: Mesh,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+):
+    """Place every parameter of ``model`` on its sharding; returns the same kind it is given.
+
+    A module gives a new module (same graph, sharded arrays; the input keeps its arrays); a
+    ``(graphdef, state)`` pair gives ``(graphdef, sharded_state)``. Use this for a model already in
+    memory; for a fresh or loaded model prefer :func:`init_sharded` / :func:`load_sharded`, which
+    never hold the unsharded parameters on one device.
+    """
+    is_module = isinstance(model, nnx.Module)
+    graphdef, state = nnx.split(model) if is_module else model
+    state = jax.device_put(state, param_shardings(state, mesh, rules))
+    return nnx.merge(graphdef, state) if is_module else (graphdef, state)
+
+
+def init_sharded(
+    config: ModelConfig,
+    mesh: Mesh,
+    *,
+    seed: int = 0,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+    param_dtype=jnp.float32,
+    dtype=jnp.float32,
+    value_head: bool = False,
+) -> Transformer:
+    """:func:`rljax.models.transformer.init_model`, materialised directly on its shardings.
+
+    The initialiser runs under ``jit`` with ``out_shardings``, so each device computes only its own
+    slices and a model larger than one device's memory never exists unsharded. The values are
+    bitwise those of ``jax.jit(init_model)`` with the same seed on any mesh (threefry random bits do
+    not depend on the sharding). Eagerly run ``init_model`` can differ from any jitted init by one
+    float32 ulp in tensors whose init std is not a power of two: under ``jit`` XLA folds
+    ``std * sqrt(2)`` (``jax.random.normal`` is ``sqrt(2) * erfinv(u)``) into one constant.
+    """
+    from rljax.models.transformer import abstract_model, init_model
+
+    graphdef, abstract_state = nnx.split(
+        abstract_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+    )
+    shardings = param_shardings(abstract_state, mesh, rules)
+
+    def init():
+        model = init_model(config, seed=seed, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+        return nnx.state(model)
+
+    state = jax.jit(init, out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def _place(host: Any, sharding: NamedSharding, dtype) -> jax.Array:
+    """One host tensor onto ``sharding``: each device gets (a cast copy of) only its own slice."""
+    host = np.asarray(host)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: np.asarray(host[index], dtype=dtype))
+
+
+def load_sharded(
+    config: ModelConfig,
+    params: Mapping[str, Any],
+    mesh: Mesh,
+    *,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+    param_dtype=jnp.float32,
+    dtype=jnp.float32,
+    value_head: bool = False,
+    value_head_params: Mapping[str, Any] | None = None,
+) -> Transformer:
+    """:func:`rljax.models.hf_io.model_from_params` with every tensor placed on its sharding.
+
+    ``params`` is rljax's nested dict of host arrays (what ``params_from_hf_state_dict`` returns,
+    from safetensors or a GGUF file's ``state_dict``). Tensors are cast to ``param_dtype`` and
+    placed one at a time, each device receiving only its slice. ``value_head=True`` adds the value
+    head from ``value_head_params`` (zeros when not given).
+    """
+    from rljax.models.transformer import abstract_model
+
+    graphdef, abstract_state = nnx.split(
+        abstract_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+    )
+    full = dict(params)
+    if value_head:
+        vh = value_head_params or {"w": np.zeros((config.hidden_size,), np.float32), "b": np.zeros((1,), np.float32)}
+        full["value_head"] = dict(vh)
+    expected = jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state))
+    got = jax.tree.map(lambda x: tuple(np.shape(x)), full)
+    if jax.tree.structure(expected) != jax.tree.structure(got) or expected != got:
+        raise ValueError(f"parameter shapes do not match the config: expected {expected}, got {got}")
+    shardings = nnx.to_pure_dict(param_shardings(abstract_state, mesh, rules))
+    placed = jax.tree.map(lambda host, sharding: _place(host, sharding, param_dtype), full, shardings)
+    nnx.replace_by_pure_dict(abstract_state, placed)
+    return nnx.merge(graphdef, abstract_state)
+
+
+def load_hf_dir_sharded(
+    directory: str,
+    mesh: Mesh,
+    *,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+    param_dtype=jnp.float32,
+    dtype=jnp.float32,
+    value_head: bool = False,
+) -> Transformer:
+    """:func:`rljax.models.hf_io.load_hf_dir`, placing each tensor on its sharding (see :func:`load_sharded`)."""
+    from rljax.models.config import ModelConfig
+    from rljax.models.hf_io import VALUE_HEAD_FILE, _read_safetensors, params_from_hf_state_dict
+
+    with open(os.path.join(directory, "config.json")) as f:
+        config = ModelConfig.from_hf_dict(json.load(f))
+    params = params_from_hf_state_dict(config, _read_safetensors(directory))
+    vh_params = None
+    vh_path = os.path.join(directory, VALUE_HEAD_FILE)
+    if value_head and os.path.exists(vh_path):
+        from safetensors.numpy import load_file
+
+        vh_params = load_file(vh_path)
+    return load_sharded(
+        config, params, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head,
+        value_head_params=vh_params,
+    )
+
+
+def load_pretrained_sharded(
+    name_or_path: str,
+    mesh: Mesh,
+    *,
+    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
+    dtype=jnp.float32,
+    param_dtype=None,
+    value_head: bool = False,
+):
+    """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory."""
+    from rljax.models.config import ModelConfig
+    from rljax.models.registry import resolve
+
+    param_dtype = dtype if param_dtype is None else param_dtype
+    resolved = resolve(name_or_path)
+    if resolved.kind == "gguf":
+        from rljax.models.gguf_io import read_gguf
+        from rljax.models.hf_io import params_from_hf_state_dict
+
+        checkpoint = read_gguf(resolved.path)
+        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
+        params = params_from_hf_state_dict(config, checkpoint.state_dict)
+        model = load_sharded(
+            config, params, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
+        )
+        return model, checkpoint.tokenizer
+    from transformers import AutoTokenizer
+
+    model = load_hf_dir_sharded(
+        resolved.path, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
+    )
+    return model, AutoTokenizer.from_pretrained(resolved.path)
+
+
+# ---------------------------------------------------------------------- activation constraints
+_ACTIVE_RULES: contextvars.ContextVar = contextvars.ContextVar("rljax_sharding_rules", default=None)
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh, rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES):
+    """Make ``mesh`` the context mesh (``jax.set_mesh``) and ``rules`` the rules :func:`constrain` uses.
+
+    Wrap the calls of jitted steps (the first call traces them) so the model's activation
+    constraints take effect. Rules are read when a function is traced: a function already traced
+    under this mesh is not retraced for other rules.
+    """
+    token = _ACTIVE_RULES.set(rules)
+    try:
+        with jax.set_mesh(mesh):
+            yield mesh
+    finally:
+        _ACTIVE_RULES.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """``with_sharding_constraint`` of an activation by logical names; a no-op without a context mesh.
+
+    Without constraints, GSPMD is free to resolve the conflict between a batch split over ``fsdp``
+    and parameters whose ``embed`` dim is split over ``fsdp`` by all-gathering the *batch* (each
+    device then computes the whole batch). Pinning the residual stream to
+    ``("batch", "length", "act_embed")`` keeps the batch split and makes XLA all-gather the
+    parameters instead, which is what FSDP means.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    rules = _ACTIVE_RULES.get() or DEFAULT_RULES
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
