@@ -291,6 +291,7 @@ def soft_overlong_punishment(lengths: chex.Array, *, max_length, cache_length) -
     Returns:
       ``[B]`` float32 penalties in ``[−1, 0]``.
     """
+    lengths = jnp.asarray(lengths)
     chex.assert_rank(lengths, 1)
     if isinstance(cache_length, (int, float)) and cache_length <= 0:
         raise ValueError(f"cache_length must be > 0, got {cache_length}")

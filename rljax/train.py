@@ -83,15 +83,20 @@ def _update(graphdef, params, frozen, opt_state, batch, *, optimizer, algo, temp
         (value, metrics), grads = jax.value_and_grad(f, has_aux=True)(p)
         return value, metrics, grads
 
+    # Loss terms are normalised by the mini-batch totals, so they add up over micro-batches; the
+    # other metrics (clip fractions, ratios, entropy) are micro-batch means, averaged here.
+    weight = {k: 1.0 if k.endswith("loss") else 1.0 / num_micro for k in jax.eval_shape(
+        lambda: micro_grad(params, jax.tree.map(lambda x: x[0], micro))[1])}
+
     def body(acc, mb):
         value, metrics, grads = micro_grad(params, mb)
         acc_value, acc_metrics, acc_grads = acc
-        return (acc_value + value, jax.tree.map(lambda a, m: a + m / num_micro, acc_metrics, metrics),
+        return (acc_value + value, {k: acc_metrics[k] + weight[k] * metrics[k] for k in metrics},
                 jax.tree.map(jnp.add, acc_grads, grads)), None
 
     first = jax.tree.map(lambda x: x[0], micro)
     value, metrics, grads = micro_grad(params, first)
-    metrics = jax.tree.map(lambda m: m / num_micro, metrics)
+    metrics = {k: weight[k] * m for k, m in metrics.items()}
     if num_micro > 1:
         rest = jax.tree.map(lambda x: x[1:], micro)
         (value, metrics, grads), _ = jax.lax.scan(body, (value, metrics, grads), rest)

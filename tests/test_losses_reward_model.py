@@ -94,8 +94,8 @@ def test_gradients():
     gap = chosen.astype(np.float64) - rejected - margin
     bt = -1 / (1 + np.exp(gap)) / chosen.size
     centre = 2 * 0.1 * (chosen.astype(np.float64) + rejected) / chosen.size
-    np.testing.assert_allclose(grads[0], bt + centre, rtol=1e-5, atol=1e-8)
-    np.testing.assert_allclose(grads[1], -bt + centre, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(grads[0], bt + centre, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grads[1], -bt + centre, rtol=1e-6, atol=1e-8)
     np.testing.assert_array_equal(grads[2], 0.0)
 
 

@@ -5,24 +5,18 @@ the two log-probabilities of that token estimates the KL. With ``d = logp_ref �
 ``r = exp(d) = π_ref/π_θ``), following J. Schulman, "Approximating KL divergence" (2020,
 http://joschu.net/blog/kl-approx.html) and the DeepSeekMath GRPO loss (arXiv:2402.03300, eq. 4):
 
-============== ================================ ====================================================
-estimator      value                            gradient w.r.t. θ, expected on-policy (y ~ π_θ)
-============== ================================ ====================================================
-``k1``         ``−d = logp − logp_ref``         ``E[∇logπ] = 0``: **no** expected gradient as a loss
-                                                term. Unbiased value; use it as a reward penalty
-                                                (PPO, RLOO), where the score-function gradient of
-                                                the summed penalty is the correct ∇KL.
-``k2``         ``d² / 2``                       ``E[(logπ − logπ_ref) ∇logπ] = ∇KL(π‖π_ref)``:
-                                                the exact reverse-KL gradient (biased value).
-``k3``         ``exp(d) − d − 1`` (≥ 0)         ``E[(1 − r) ∇logπ] = ∇KL(π_ref‖π)``: the gradient
-                                                of the *forward* KL (GRPO's choice, β = 0.04);
-                                                unbiased, non-negative, low-variance value.
-``k3_unbiased`` ``ρ · k3``, ``ρ = π_θ/π_old``    with ``y ~ π_old`` and ``ρ`` **not** stopped:
-                                                ``E_old[∇(ρ k3)] = ∇KL(π‖π_ref)`` exactly, even
-                                                off-policy (DeepSeek-V3.2, arXiv:2512.02556,
-                                                "unbiased KL estimate"; TRL
-                                                ``use_bias_correction_kl``).
-============== ================================ ====================================================
+* ``k1 = −d = logp − logp_ref``. Unbiased value. Gradient ``∇logπ``, whose expectation
+  on-policy is ``E[∇logπ] = 0``: **no** expected gradient as a loss term. Use it as a reward
+  penalty (PPO, RLOO), where the score-function gradient of the summed penalty is ∇KL.
+* ``k2 = d² / 2``. Biased value. Gradient ``(logπ − logπ_ref) ∇logπ``, expectation
+  ``∇KL(π‖π_ref)``: the exact reverse-KL gradient on-policy.
+* ``k3 = exp(d) − d − 1`` (≥ 0). Unbiased, non-negative, low-variance value (GRPO's choice,
+  β = 0.04). Gradient ``(1 − r) ∇logπ``, expectation ``∇KL(π_ref‖π)``: the gradient of the
+  *forward* KL, not of the KL it estimates.
+* ``k3_unbiased = ρ · k3`` with ``ρ = π_θ/π_old`` **not** stopped and ``y ~ π_old``:
+  ``E_old[ρ k3] = KL(π‖π_ref)`` and ``E_old[∇(ρ k3)] = ∇KL(π‖π_ref)`` exactly, on- or
+  off-policy (DeepSeek-V3.2, arXiv:2512.02556, "unbiased KL estimate"; TRL
+  ``use_bias_correction_kl``).
 
 Stop-gradients: ``ref_logprobs`` and ``old_logprobs`` are always stopped; the gradient flows
 through ``logprobs`` only (in ``k3_unbiased`` both through ``k3`` and through ``ρ``).
