@@ -23,6 +23,11 @@ import numpy as np
 from flax import nnx
 
 from rljax.models.config import ModelConfig, UnsupportedConfigError
+from rljax.sharding import constrain
+
+# Logical axes of the residual stream: pinning them keeps the batch split over the data axes
+# inside a sharded step (XLA then gathers parameters, not activations). No-ops without a mesh.
+_RESIDUAL = ("batch", "length", "act_embed")
 
 
 # Projections LoRA can adapt, with their input and output axes (d model, n heads, k kv heads,
@@ -225,7 +230,7 @@ class Transformer(nnx.Module):
                 f"sequence/cache length {total} exceeds sliding_window={self.config.sliding_window}; "
                 "sliding-window attention is not implemented"
             )
-        x = self.embed[...].astype(self.dtype)[input_ids]  # [B, T, D]
+        x = constrain(self.embed[...].astype(self.dtype)[input_ids], _RESIDUAL)  # [B, T, D]
         layers = {k: v[...] for k, v in self.layers.items()}
         if cache is None:
             key_mask = attention_mask
@@ -255,12 +260,14 @@ class Transformer(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Language-model logits ``[..., V]`` in float32 from final hidden states ``[..., D]``."""
+        axes = _RESIDUAL if hidden.ndim == 3 else ("batch", "act_embed")
+        hidden = constrain(hidden, axes)
         if self.lm_head is None:
             w = self.embed[...].astype(self.dtype)  # [V, D]
             out = jnp.einsum("...d,vd->...v", hidden, w)
         else:
             out = jnp.einsum("...d,dv->...v", hidden, self.lm_head[...].astype(self.dtype))
-        return out.astype(jnp.float32)
+        return constrain(out.astype(jnp.float32), axes[:-1] + ("act_vocab",))
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """Scalar value per position ``[..., ]`` (float32) from final hidden states."""
@@ -277,6 +284,7 @@ class Transformer(nnx.Module):
         """Pre-norm attention + SwiGLU MLP. ``x`` [B, T, D]; ``lp`` this layer's parameters."""
         c, dt = self.config, self.dtype
         cast = lambda name: lp[name].astype(dt)
+        x = constrain(x, _RESIDUAL)
         h = rms_norm(x, lp["attn_norm"], c.rms_norm_eps)
         q = self._proj(h, lp, "wq")  # [B, T, H, hd]
         k = self._proj(h, lp, "wk")  # [B, T, KVH, hd]
@@ -306,7 +314,7 @@ class Transformer(nnx.Module):
         gate = self._proj(h, lp, "w_gate")
         up = self._proj(h, lp, "w_up")
         x = x + self._proj(jax.nn.silu(gate) * up, lp, "w_down")
-        return x, cache_keys, cache_values
+        return constrain(x, _RESIDUAL), cache_keys, cache_values
 
     def _proj(self, x, lp, name):
         """``x @ W`` for projection ``name``, plus ``scale * (x @ A) @ B`` when it has LoRA weights."""
