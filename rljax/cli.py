@@ -120,7 +120,8 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="run an RL training job from a YAML config",
-        description="Train with the algorithm the config names (grpo, ppo, rloo). Every config field is "
+        description="Train with the algorithm the config names: online grpo, ppo, rloo; offline dpo, "
+        "reward_model, offline (scored records). Every config field is "
         "documented in rljax/run_config.py; override any of them as dotted KEY=VALUE arguments, e.g. "
         "optim.learning_rate=1e-5 train.steps=10. Metrics go to RUN_DIR/metrics.jsonl, samples to "
         "RUN_DIR/samples.jsonl, checkpoints to RUN_DIR/checkpoints.",
@@ -135,13 +136,18 @@ def _add_train(sub) -> None:
 def _train(args) -> int:
     from rljax.config import load_config
     from rljax.run_config import RunConfig
-    from rljax.train import Trainer
+    from rljax.train_offline import trainer_for
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     start = time.perf_counter()
-    summary = Trainer(cfg, resume=args.resume).fit()
+    trainer = trainer_for(cfg, resume=args.resume)  # online Trainer or OfflineTrainer, by algorithm.name
+    summary = trainer.fit()
     _print_eval(summary)
-    print(f"# trained {cfg.train.steps} steps in {time.perf_counter() - start:.0f} s; run dir {cfg.train.run_dir}")
+    steps = getattr(trainer, "total_steps", cfg.train.steps)
+    print(f"# {cfg.algorithm.name}: trained {steps} steps in {time.perf_counter() - start:.0f} s; "
+          f"run dir {cfg.train.run_dir}")
+    if summary.get("model_dir"):
+        print(f"# model written to {summary['model_dir']}")
     return 0
 
 
@@ -149,8 +155,10 @@ def _add_eval(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate a base model or a trained checkpoint on the config's held-out prompts",
-        description="Sample (greedy by default: sampling.eval_temperature) on the held-out split of the "
-        "config's task and print the mean of each reward and the mean completion length.",
+        description="Online configs: sample (greedy by default: sampling.eval_temperature) on the held-out "
+        "split of the config's task and print the mean of each reward and the mean completion length. "
+        "Offline configs (dpo, reward_model, offline): the training objective and its metrics (preference "
+        "accuracy and margin, log-likelihood of high- vs low-score responses) on the held-out split.",
     )
     p.add_argument("config", help="YAML config naming the model, task and rewards")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
@@ -162,16 +170,20 @@ def _add_eval(sub) -> None:
 def _eval(args) -> int:
     from rljax.config import load_config
     from rljax.run_config import RunConfig
-    from rljax.train import Trainer
+    from rljax.train_offline import trainer_for
 
     overrides = list(args.overrides)
     if args.checkpoint:
         overrides.append(f"train.run_dir={args.checkpoint}")
     cfg = load_config(RunConfig, args.config, overrides)
-    trainer = Trainer(cfg, resume=bool(args.checkpoint), write_config=False)
+    extra = {"evaluate_only": True} if cfg.algorithm.is_offline else {}
+    trainer = trainer_for(cfg, resume=bool(args.checkpoint), write_config=False, **extra)
     results = trainer.evaluate()
     label = f"checkpoint {args.checkpoint} (step {trainer.step})" if args.checkpoint else f"base model {cfg.model.name}"
-    print(f"# {label}, {len(trainer.eval_examples)} held-out prompts")
+    if cfg.algorithm.is_offline:
+        print(f"# {label}, {cfg.algorithm.name}, {len(trainer.eval_set)} held-out rows")
+    else:
+        print(f"# {label}, {len(trainer.eval_examples)} held-out prompts")
     for key, value in results.items():
         print(f"{key:28s} {value:.4f}")
     return 0

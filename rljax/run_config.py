@@ -3,6 +3,11 @@
     cfg = load_config(RunConfig, "configs/grpo_smollm2_arith.yaml", ["optim.learning_rate=1e-5"])
 
 Every field is documented here; ``rljax train --help`` points to this file.
+
+``algorithm.name`` picks the loop: ``grpo`` / ``ppo`` / ``rloo`` are online (``rljax.train``: sample,
+score with ``rewards``, update); ``dpo`` / ``reward_model`` / ``offline`` learn from a fixed data set
+(``rljax.train_offline``) and are configured by the ``offline`` section. They share ``model``,
+``data``, ``optim`` and ``train``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class DataSection:
     train_size: int = 2000
     eval_size: int = 64
     system_prompt: str = ""
+    # Text that starts every response (e.g. "<answer>" or "<think>"), appended after the chat
+    # template's assistant header; rewards score assistant_prefix + completion.
+    assistant_prefix: str = ""
     chat: bool = True  # apply the tokenizer's chat template
     max_prompt_length: int = 128
     too_long: Literal["error", "filter"] = "error"
@@ -48,7 +56,9 @@ class SamplingSection:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSection:
-    name: Literal["grpo", "ppo", "rloo"] = "grpo"
+    # online: grpo, ppo, rloo (rljax.train); offline: dpo, reward_model, offline (rljax.train_offline,
+    # configured by the `offline` section; the fields below are then unused)
+    name: Literal["grpo", "ppo", "rloo", "dpo", "reward_model", "offline"] = "grpo"
     group_size: int = 4  # completions per prompt (G)
     prompts_per_step: int = 4
     num_iterations: int = 1  # mu: passes over each batch of rollouts
@@ -82,7 +92,13 @@ class AlgorithmSection:
     max_sampling_rounds: int = 3
     mask_truncated: bool = False  # exclude completions that hit max_new_tokens from the loss
 
+    @property
+    def is_offline(self) -> bool:
+        return self.name in OFFLINE_ALGORITHMS
+
     def validate(self) -> None:
+        if self.is_offline:
+            return
         if self.group_size < 1 or self.prompts_per_step < 1:
             raise ValueError("group_size and prompts_per_step must be >= 1")
         if self.name in ("grpo", "rloo") and self.group_size < 2:
@@ -93,6 +109,94 @@ class AlgorithmSection:
         mb = rows // self.mini_batches
         if self.micro_batch_size and mb % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the mini-batch ({mb})")
+
+
+OFFLINE_ALGORITHMS = ("dpo", "reward_model", "offline")
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineSection:
+    """Offline training from a fixed data set: DPO, reward models, scored records.
+
+    Data (``data.path``, a JSONL / parquet file or a datasets name; or ``data.task`` for pairs and
+    records generated from a procedural task, see ``rljax.data.preferences.pairs_from_task``):
+
+    * ``dpo`` and ``reward_model`` (pairwise) read preference pairs: ``data.prompt_column``,
+      ``chosen_column``, ``rejected_column`` and optionally ``margin_column``; text or chat messages.
+    * ``reward_model`` with ``rm_loss: kwise`` reads ranked lists (``ranked_column``, best first).
+    * ``offline`` reads scored records: ``data.prompt_column``, ``response_column``, ``score_column``.
+    """
+
+    # batches and passes
+    batch_size: int = 8  # pairs / ranked lists / records per optimizer step
+    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole batch
+    epochs: float = 0.0  # > 0: train this many passes over the train split (train.steps is then ignored)
+    # held-out split (data.path only; a task uses its own eval split of data.eval_size prompts)
+    eval_fraction: float = 0.1  # share of the prompts held out (by a hash of the prompt, so all responses
+    #                             to one prompt land in the same split); capped at data.eval_size rows
+    eval_path: str = ""  # a separate held-out file instead (eval_fraction is then unused)
+    eval_batch_size: int = 16
+    # columns
+    chosen_column: str = "chosen"
+    rejected_column: str = "rejected"
+    margin_column: str = ""  # optional preference strength: the BT margin (reward_model); "" = none
+    ranked_column: str = "responses"  # reward_model kwise: list of responses, best first
+    response_column: str = "response"  # offline
+    score_column: str = "score"  # offline
+    # what to do with a row that lacks a column, has an empty response or chosen == rejected
+    invalid_rows: Literal["error", "drop"] = "error"  # drop: counted (data/dropped_*) and skipped
+    # completions
+    max_completion_length: int = 128  # tokens, EOS included
+    completion_too_long: Literal["error", "filter", "truncate"] = "truncate"
+    append_eos: bool = True  # end each response with the tokenizer's EOS (the model learns to stop)
+    task_responses: int = 4  # data.task: responses per prompt for kwise lists and scored records
+    # DPO (rljax.losses.preference)
+    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo"] = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0  # cDPO / robust DPO epsilon
+    simpo_gamma: float = 0.5
+    reference_free: bool = False  # reference log-probs taken as 0
+    precompute_ref_logprobs: bool = True  # cache reference log-probs once (no reference copy in memory)
+    # reward model (rljax.losses.reward_model)
+    rm_loss: Literal["pairwise", "kwise"] = "pairwise"
+    centering_coef: float = 0.0  # c * mean((r+ + r-)^2), Eisenstein et al. 2023 (TRL suggests 0.01)
+    # scored records (rljax.algorithms.offline)
+    records_mode: Literal["awr", "rwr", "filtered_bc"] = "awr"
+    temperature: float = 1.0  # awr / rwr: weight = exp(advantage / temperature)
+    max_weight: float = 20.0  # awr / rwr: weights clipped here (AWR's w_max); 0 = no clip
+    baseline: Literal["prompt_mean", "global_mean"] = "prompt_mean"  # awr: per-prompt mean where a
+    #                                     prompt has several responses (else the mean of all scores)
+    score_threshold: float = 0.5  # filtered_bc: train on responses scoring >= this
+    reduction: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        "token_mean"
+    )
+    # output
+    save_model: bool = True  # write RUN_DIR/model (a Hugging Face directory, LoRA merged; the reward
+    #                          model with value_head.safetensors, loadable by the `reward_model` reward)
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("batch_size and eval_batch_size must be >= 1")
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.max_completion_length < 1:
+            raise ValueError("max_completion_length must be >= 1")
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        limit = 0.5 if self.loss_type == "robust" else 1.0
+        if not 0.0 <= self.label_smoothing < limit:
+            raise ValueError(f"label_smoothing must be in [0, {limit}) for loss_type={self.loss_type}, "
+                             f"got {self.label_smoothing}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.max_weight < 0:
+            raise ValueError(f"max_weight must be >= 0 (0 = no clip), got {self.max_weight}")
+        if self.task_responses < 2:
+            raise ValueError("task_responses must be >= 2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +230,17 @@ class RunConfig:
     algorithm: AlgorithmSection = AlgorithmSection()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
+    offline: OfflineSection = OfflineSection()
     # reward name -> weight (or {weight: w, ...options}); see rljax.rewards.base.build_rewards.
     # No default: a YAML's rewards replace nothing, they are the whole set.
+    # Online algorithms need at least one; offline ones ignore them (the preference-pair builder,
+    # `python -m rljax.data.preferences`, scores samples with them).
     rewards: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self) -> None:
+        if self.algorithm.is_offline:
+            if not self.data.path and not self.data.task:
+                raise ValueError("an offline algorithm needs data.path (a file or data set) or data.task")
+            return
         if not self.rewards:
             raise ValueError("rewards is empty: name at least one reward function, e.g. {answer: 1.0}")

@@ -177,7 +177,8 @@ class Trainer:
 
     def encode(self, examples: list[dict]):
         d = self.cfg.data
-        texts = [format_prompt(self.tokenizer, ex["prompt"], system_prompt=d.system_prompt or None, chat=d.chat)
+        texts = [format_prompt(self.tokenizer, ex["prompt"], system_prompt=d.system_prompt or None, chat=d.chat,
+                               assistant_prefix=d.assistant_prefix)
                  for ex in examples]
         tok = tokenize_prompts(self.tokenizer, texts, max_prompt_length=d.max_prompt_length, too_long=d.too_long)
         return tok
@@ -202,7 +203,9 @@ class Trainer:
                        self.sampling_config(evaluation=evaluation))
         out = jax.tree.map(np.asarray, out)
         lengths = out.mask.sum(-1)
-        texts = [self.tokenizer.decode(out.tokens[i, : lengths[i]], skip_special_tokens=True) for i in range(len(ids))]
+        prefix = self.cfg.data.assistant_prefix
+        texts = [prefix + self.tokenizer.decode(out.tokens[i, : lengths[i]], skip_special_tokens=True)
+                 for i in range(len(ids))]
         # the trainer fills in token lengths for length-aware rewards (e.g. overlong)
         row_examples = [dict(ex, completion_length=int(lengths[i * repeats + j]))
                         for i, ex in enumerate(examples) for j in range(repeats)]

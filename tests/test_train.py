@@ -130,5 +130,11 @@ def test_every_config_parses_and_runs_a_smoke_step(path, tiny_dir, tmp_path):
                                         "train.progress=false", "data.train_size=32", "data.eval_size=4",
                                         "sampling.max_new_tokens=4",
                                         "data.max_prompt_length=512"])  # byte-level tiny tokenizer: long prompts
-    summary = Trainer(cfg).fit()
-    assert "eval/reward" in summary["after"]
+    if cfg.algorithm.is_offline:  # dpo, reward_model, offline: the offline loop, held-out objective
+        from rljax.train_offline import OfflineTrainer
+
+        summary = OfflineTrainer(cfg).fit()
+        assert "eval/loss" in summary["after"] and summary["steps"] == 1
+    else:
+        summary = Trainer(cfg).fit()
+        assert "eval/reward" in summary["after"]

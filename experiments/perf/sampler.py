@@ -48,6 +48,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede the first to
 
 import argparse
 import dataclasses
+import importlib
 import random
 import sys
 import time
@@ -72,7 +73,6 @@ from _common import (  # noqa: E402
 from rljax.models import load  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.registry import resolve  # noqa: E402
-from rljax.sampling import SamplingConfig, generate  # noqa: E402
 
 MODEL_NAME = "smollm2-135m-instruct"
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and show your reasoning."
@@ -147,14 +147,19 @@ class Case:
     attention_mask: np.ndarray
 
 
-def rljax_sampler(model, new_tokens: int):
-    """A callable ``(ids, mask, key) -> SampleOutput`` on the model's ``(graphdef, state)`` split."""
+def rljax_sampler(model, new_tokens: int, sampling_module: str = "rljax.sampling"):
+    """A callable ``(ids, mask, key) -> SampleOutput`` on the model's ``(graphdef, state)`` split.
+
+    ``sampling_module`` names a module with rljax.sampling's ``generate`` and ``SamplingConfig``
+    (a patched copy on ``PYTHONPATH`` can be measured against transformers the same way).
+    """
+    sampling = importlib.import_module(sampling_module)
     split = nnx.split(model)
-    config = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True,
-                            pad_token_id=int(model.config.pad_token_id or 0))
+    config = sampling.SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True,
+                                     pad_token_id=int(model.config.pad_token_id or 0))
 
     def run(ids, mask, key):
-        return generate(split, ids, mask, key, config)
+        return sampling.generate(split, ids, mask, key, config)
 
     return run
 
@@ -203,6 +208,8 @@ def parse_args(argv=None):
                         help="do not time rljax's prefill alone (saves a compile and a few prefills)")
     parser.add_argument("--devices", nargs="+", default=None,
                         help="JAX platforms to run rljax on (default: cpu, and gpu where JAX sees one)")
+    parser.add_argument("--sampling-module", default="rljax.sampling",
+                        help="module providing generate/SamplingConfig (to measure a patched copy)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help="batch 2, 4 tokens, 1 repeat: runs in seconds")
     args = parser.parse_args(argv)
@@ -229,8 +236,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     threads = thread_count()
     print(f"# sampler benchmark: {MODEL_NAME} float32, new tokens {args.new_tokens}, batches {args.batch_sizes}, "
-          f"repeats {args.repeats}, cpu threads {threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
-          flush=True)
+          f"repeats {args.repeats}, cpu threads {threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"sampler {args.sampling_module}", flush=True)
     t0 = time.perf_counter()
     model, tokenizer = load(MODEL_NAME, dtype=jax.numpy.float32)
     print(f"rljax load: {time.perf_counter() - t0:.1f}s", flush=True)
@@ -260,8 +267,8 @@ def main(argv=None) -> dict:
         with jax.default_device(device):
             graphdef, state = nnx.split(model)
             model_on_device = nnx.merge(graphdef, jax.device_put(state, device))
-            sample = rljax_sampler(model_on_device, args.new_tokens)
-            prefill_only = rljax_sampler(model_on_device, 1)
+            sample = rljax_sampler(model_on_device, args.new_tokens, args.sampling_module)
+            prefill_only = rljax_sampler(model_on_device, 1, args.sampling_module)
             print(f"\n## device {device} — measuring matmul peaks", flush=True)
             peaks = matmul_peaks(args.batch_sizes, d_model=cfg.hidden_size, d_ff=cfg.intermediate_size,
                                  device=device, min_seconds=0.05 if args.smoke else 0.5)
@@ -290,10 +297,13 @@ def main(argv=None) -> dict:
         print()
         print(markdown_table(
             ["device", "batch", "prompt len (padded)", "rljax prefill s", "rljax decode ms/step",
-             "rljax decode GFLOP/s", "rljax first call s (compile)"],
+             "rljax decode GFLOP/s", "rljax first call s (compile)", "CPU-s rljax / transformers"],
             [[r["device"], r["batch"], f"{r['prompt_length']} ({r['prompt_length_bucketed']})",
               r["rljax_prefill_s"], 1e3 * r["rljax_decode_s_per_step"], r["rljax_decode_gflops"],
-              r["rljax_first_call_s"]] for r in results["rows"]],
+              r["rljax_first_call_s"],
+              f"{median(r['rljax_cpu_seconds']):.1f} / "
+              + (f"{median(r['transformers_cpu_seconds']):.1f}" if r["transformers_cpu_seconds"] else "n/a")]
+             for r in results["rows"]],
         ))
     peak_text = "; ".join(f"{p}: " + ", ".join(f"{k} {v:.0f}" for k, v in m.items())
                           for p, m in results["matmul_gflops"].items())
@@ -326,9 +336,11 @@ def _bench_batch(args, cfg, platform, device, batch, ids, mask, sample, prefill_
         warm_s, _ = time_call(lambda: hf_run(ids, mask, 0, new_tokens=min(N, 4)))
         print(f"  transformers warm-up: {warm_s:.1f}s", flush=True)
 
-    rl_times, hf_times, prefill_times = [], [], []
+    rl_times, hf_times, prefill_times, rl_cpu, hf_cpu = [], [], [], [], []
     for rep in range(args.repeats):
+        cpu0 = time.process_time()
         seconds, _ = time_call(lambda: sample(ids, mask, jax.random.key(rep + 1)))
+        rl_cpu.append(time.process_time() - cpu0)
         rl_times.append(seconds)
         line = f"  repeat {rep}: rljax {seconds:.2f}s ({batch * N / seconds:.1f} tok/s)"
         if not args.no_breakdown:
@@ -336,9 +348,10 @@ def _bench_batch(args, cfg, platform, device, batch, ids, mask, sample, prefill_
             prefill_times.append(seconds)
             line += f", rljax prefill {seconds:.2f}s"
         if hf_run is not None:
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             hf_run(ids, mask, rep + 1)
             seconds = time.perf_counter() - start
+            hf_cpu.append(time.process_time() - cpu0)
             hf_times.append(seconds)
             line += f", transformers {seconds:.2f}s ({batch * N / seconds:.1f} tok/s)"
         print(line, flush=True)
@@ -353,9 +366,15 @@ def _bench_batch(args, cfg, platform, device, batch, ids, mask, sample, prefill_
         "batch": batch,
         "new_tokens": N,
         "prompt_length": int(ids.shape[1]),
-        "prompt_length_bucketed": max(16, 1 << (int(ids.shape[1]) - 1).bit_length()),
+        # rljax.sampling pads the prompt to a power of two (>= 16) before its jitted call
+        "prompt_length_bucketed": (max(16, 1 << (int(ids.shape[1]) - 1).bit_length())
+                                   if args.sampling_module == "rljax.sampling" else "?"),
         "rljax_seconds": rl_times,
         "transformers_seconds": hf_times,
+        # process CPU seconds (all threads) per repeat: less sensitive than wall time to other
+        # processes on a shared machine, but counts spin-waiting threads
+        "rljax_cpu_seconds": rl_cpu,
+        "transformers_cpu_seconds": hf_cpu,
         "rljax_first_call_s": first_call_s,
         "rljax_tokens_per_s": batch * N / rl_s,
         "transformers_tokens_per_s": batch * N / hf_s if hf_s else None,

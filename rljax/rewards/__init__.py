@@ -14,6 +14,7 @@ from rljax.rewards.base import (
     registered_rewards,
     reward_metrics,
 )
+from rljax.rewards.learned import make_reward_model_reward
 from rljax.rewards.sentiment import make_sentiment_reward, sentiment_scores
 from rljax.rewards.shaping import (
     make_length_reward,
@@ -38,7 +39,7 @@ from rljax.rewards.verifiers import (
 __all__ = [
     "RewardFn", "RewardOutput", "RewardSet", "build_reward", "build_rewards", "call_reward",
     "combine", "per_sample", "register_reward", "registered_rewards", "reward_metrics",
-    "make_sentiment_reward", "sentiment_scores", "make_length_reward", "make_overlong_reward",
+    "make_reward_model_reward", "make_sentiment_reward", "sentiment_scores", "make_length_reward", "make_overlong_reward",
     "soft_overlong_punishment", "answer_score", "answers_match", "countdown_score",
     "extract_answer", "extract_tag", "has_answer_tag", "make_answer_reward",
     "make_answer_tag_format_reward", "make_countdown_reward", "make_format_reward",

@@ -1,0 +1,158 @@
+"""DPO on a tiny random model: learning on held-out pairs, cached vs live reference, micro-batches,
+LoRA, and the wiring of every preference loss."""
+
+import json
+import os
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.algorithms import dpo
+from rljax.config import from_yaml
+from rljax.losses.preference import LOSS_TYPES, preference_loss
+from rljax.run_config import OfflineSection, RunConfig
+from rljax.train_offline import OfflineTrainer, _score
+from tests._tiny import make_tiny_model_dir
+
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pixel", "lemon", "violet"]
+
+
+def toy_pairs(path, n=160, seed=0):
+    """Chosen: lowercase letters; rejected: digits. Every response is fresh, so held-out pairs test
+    whether the model learned the pattern, not the strings."""
+    rng = random.Random(seed)
+    text = lambda alphabet: "".join(rng.choice(alphabet) for _ in range(rng.randint(6, 10)))  # noqa: E731
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"Say something about {rng.choice(WORDS)} {i}.",
+                                "chosen": text("abcdefghijklmnopqrstuvwxyz"), "rejected": text("0123456789")}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def pairs_path(tmp_path_factory):
+    return toy_pairs(tmp_path_factory.mktemp("data") / "pairs.jsonl")
+
+
+def _cfg(tiny_dir, pairs_path, run_dir, *, steps=12, offline="", model="", micro=8, save="false"):
+    return from_yaml(RunConfig, f"""
+model: {{name: {tiny_dir} {model}}}
+data: {{task: "", path: {pairs_path}, eval_size: 32, max_prompt_length: 64}}
+algorithm: {{name: dpo}}
+offline: {{batch_size: 16, micro_batch_size: {micro}, eval_fraction: 0.2, max_completion_length: 16, beta: 0.5,
+          save_model: {save} {offline}}}
+optim: {{learning_rate: 3.0e-3}}
+train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
+""")
+
+
+def _metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _strip(ms):
+    return [{k: v for k, v in m.items() if not k.startswith("time") and k != "time"} for m in ms]
+
+
+def test_dpo_raises_heldout_preference_accuracy_and_margin(tiny_dir, pairs_path, tmp_path):
+    summary = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path)).fit()
+    before, after = summary["before"], summary["after"]
+    assert summary["data"]["eval_rows"] >= 16 and summary["data"]["train_rows"] >= 120
+    # the policy starts as the reference: implicit rewards are exactly zero
+    assert before["eval/rewards/margin"] == 0.0 and before["eval/loss"] == pytest.approx(np.log(2), abs=1e-6)
+    assert after["eval/rewards/accuracy"] >= 0.95, after
+    assert after["eval/rewards/margin"] > 2.0, after
+    assert after["eval/loss"] < 0.2 * before["eval/loss"]
+    assert after["eval/logps/rejected"] < before["eval/logps/rejected"]
+    train = [m for m in _metrics(tmp_path) if "rewards/accuracy" in m]
+    assert len(train) == 12 and {"rewards/chosen", "rewards/rejected", "rewards/margin", "logps/chosen",
+                                 "logps/rejected", "grad_norm", "loss"} <= set(train[0])
+    assert np.mean([m["rewards/margin"] for m in train[-3:]]) > np.mean([m["rewards/margin"] for m in train[:3]])
+
+
+def test_cached_reference_equals_live_reference(tiny_dir, pairs_path, tmp_path):
+    cached = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "cached", steps=3))
+    live = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "live", steps=3,
+                               offline=", precompute_ref_logprobs: false"))
+    assert live.ref_params is not None and cached.ref_params is None  # the cache holds no model copy
+    assert "ref_logps" in cached.train_set.values and "ref_logps" not in live.train_set.values
+    cached.fit()
+    live.fit()
+    a, b = _strip(_metrics(tmp_path / "cached")), _strip(_metrics(tmp_path / "live"))
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [0, 1, 2, 3, 3]
+    for ma, mb in zip(a, b):
+        assert set(ma) == set(mb)
+        for k in ma:
+            np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-6, err_msg=f"step {ma['step']} {k}")
+    for pa, pb in zip(jax.tree.leaves(cached.params), jax.tree.leaves(live.params)):
+        np.testing.assert_allclose(np.asarray(pa), np.asarray(pb), rtol=1e-5, atol=1e-6)
+
+
+def test_micro_batches_give_the_full_batch_update(tiny_dir, pairs_path, tmp_path):
+    from rljax.train_offline import _update
+
+    trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, steps=1))
+    batch = {k: jnp.asarray(v) for k, v in trainer.batch(trainer.train_set, range(16)).items()}
+    runs = {}
+    for num_micro in (2, 1):
+        params, opt_state = jax.tree.map(jnp.copy, (trainer.params, trainer.opt_state))  # donated
+        _, _, runs[num_micro] = _update(trainer.graphdef, params, trainer.frozen, opt_state, batch,
+                                        optimizer=trainer.optimizer, algo="dpo", cfg=trainer.loss_cfg,
+                                        num_micro=num_micro)
+    assert runs[1].keys() == runs[2].keys()
+    for k in ("loss", "preference/loss", "grad_norm", "rewards/accuracy", "logps/chosen", "logps/rejected"):
+        np.testing.assert_allclose(runs[2][k], runs[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_dpo_with_lora_learns_and_trains_only_adapters(tiny_dir, pairs_path, tmp_path):
+    cfg = _cfg(tiny_dir, pairs_path, tmp_path, steps=10, model=", lora_rank: 4, lora_alpha: 8.0, lora_targets: [wq, wv, w_up]", save="true")
+    trainer = OfflineTrainer(cfg)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainer.params)[0]]
+    assert paths and all("lora" in p for p in paths)
+    summary = trainer.fit()
+    assert summary["after"]["eval/rewards/accuracy"] >= 0.9, summary["after"]
+    # the exported directory has the adapters merged: its log-probs are the trained policy's
+    from rljax.models import load
+
+    model, _ = load(summary["model_dir"])
+    graphdef, params = nnx.split(model)
+    batch = trainer.batch(trainer.eval_set, range(16))
+    merged = _score(graphdef, params, nnx.State({}), batch, kind="logps")[0]
+    adapted = _score(trainer.graphdef, trainer.params, trainer.frozen, batch, kind="logps")[0]
+    np.testing.assert_allclose(np.asarray(merged), np.asarray(adapted), rtol=1e-4)
+
+
+@pytest.mark.parametrize("loss_type,extra", [(t, {}) for t in LOSS_TYPES] + [("sigmoid", {"reference_free": True}),
+                                                                            ("cdpo", {"label_smoothing": 0.1}),
+                                                                            ("robust", {"label_smoothing": 0.2})])
+def test_every_preference_loss_is_selectable_by_config(loss_type, extra):
+    cfg = OfflineSection(loss_type=loss_type, beta=0.3, simpo_gamma=0.4, **extra)
+    key = jax.random.split(jax.random.key(0), 4)
+    logps = -jax.random.uniform(key[0], (5, 2)) * 20
+    ref = -jax.random.uniform(key[1], (5, 2)) * 20
+    lengths = jnp.asarray([[3, 4], [5, 6], [2, 2], [7, 1], [4, 4]], jnp.float32)
+    mask = jnp.asarray([1, 1, 1, 1, 0])
+    got, metrics = dpo.pair_loss(logps, lengths, ref, mask, cfg)
+    want, _ = preference_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], loss_type=loss_type, beta=0.3,
+                              simpo_gamma=0.4, chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1],
+                              mask=mask, **extra)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert {"rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen"} <= set(metrics)
+    assert dpo.needs_reference(cfg) == (loss_type != "simpo" and not extra.get("reference_free", False))
+
+
+def test_reference_free_and_simpo_skip_the_reference_pass(tiny_dir, pairs_path, tmp_path):
+    for offline in (", loss_type: simpo", ", reference_free: true"):
+        trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, offline=offline))
+        assert trainer.ref_seconds == 0.0 and trainer.ref_params is None
+        assert not trainer.train_set.values["ref_logps"].any()
