@@ -10,6 +10,7 @@ A rollout batch is a dict of arrays over ``R = prompts × G`` rows (row ``i`` be
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from rljax import advantages as adv
@@ -52,6 +53,10 @@ def loss(model, batch: dict, cfg: AlgorithmSection, *, temperature: float, num_s
     mask = batch["loss_mask"]
     out = completion_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask,
                               temperature=temperature, with_entropy=True, with_values=cfg.name == "ppo")
+    if not cfg.entropy_coef:
+        # logged only: XLA does not drop 0 * entropy, so without this the backward pass would run
+        # through the [B, N, V] entropy computation for nothing.
+        out["entropy"] = jax.lax.stop_gradient(out["entropy"])
     kl_in_loss = cfg.name == "grpo" and cfg.kl_coef > 0
     total, metrics = policy_gradient_loss(
         out["logprobs"], batch["old_logprobs"], batch["advantages"], mask,

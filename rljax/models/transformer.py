@@ -318,12 +318,18 @@ class Transformer(nnx.Module):
 
     def _proj(self, x, lp, name):
         """``x @ W`` for projection ``name``, plus ``scale * (x @ A) @ B`` when it has LoRA weights."""
+        # One 2-D matmul [B*T, in] @ [in, out]: XLA:CPU runs the weight gradient of a 3-D einsum
+        # (contracting over both B and T) through transposed copies, about 25% slower end to end.
         ins, outs = _LORA_SPECS[name]
-        y = jnp.einsum(f"bt{ins},{ins}{outs}->bt{outs}", x, lp[name].astype(self.dtype))
+        w = lp[name].astype(self.dtype)
+        n_in = len(ins)
+        lead, in_shape, out_shape = x.shape[:2], w.shape[:n_in], w.shape[n_in:]
+        x2 = x.reshape(-1, math.prod(in_shape))
+        y = (x2 @ w.reshape(math.prod(in_shape), -1)).reshape(*lead, *out_shape)
         if f"{name}_lora_a" in lp:
             a, b = lp[f"{name}_lora_a"].astype(self.dtype), lp[f"{name}_lora_b"].astype(self.dtype)
-            low = jnp.einsum(f"bt{ins},{ins}r->btr", x, a)
-            y = y + self.lora_scale * jnp.einsum(f"btr,r{outs}->bt{outs}", low, b)
+            low = x2 @ a.reshape(math.prod(in_shape), -1)  # [B*T, r]
+            y = y + self.lora_scale * (low @ b.reshape(b.shape[0], -1)).reshape(*lead, *out_shape)
         return y
 
 
