@@ -7,7 +7,7 @@
   device, measured in the same run as the benchmark (the machine's peak moves with its load, so a
   number measured in another run is not a fair denominator).
 - ``peak_rss_mib``: this process's peak resident memory so far.
-- ``markdown_table``, ``environment``, ``write_json``: reporting.
+- ``markdown_table``, ``environment``, ``write_json``: reporting, re-exported from ``rljax.reporting``.
 
 These are benchmarks, not tests: numbers on a shared machine move by tens of percent between runs,
 so compare numbers taken in the same run, interleaved where possible.
@@ -15,9 +15,7 @@ so compare numbers taken in the same run, interleaved where possible.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -27,6 +25,8 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from rljax.reporting import environment, markdown_table, write_json  # noqa: F401 (re-exported)
 
 
 def thread_count() -> int:
@@ -98,47 +98,3 @@ def peak_rss_mib() -> float:
     """Peak resident set size of this process so far, in MiB (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def environment() -> dict[str, Any]:
-    """Versions and hardware facts worth keeping beside benchmark numbers."""
-    import flax
-
-    env = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "numpy": np.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()],
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    try:
-        import torch
-        import transformers
-
-        env["torch"] = torch.__version__
-        env["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return env
-
-
-def write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.write("\n")
