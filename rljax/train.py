@@ -300,6 +300,16 @@ class Trainer:
         self._last_rollouts = roll
         return metrics
 
+    @property
+    def last_rollouts(self) -> Rollouts:
+        """The rollouts of the latest :meth:`step_once` (arrays, texts, examples, per-function rewards)."""
+        return self._last_rollouts
+
+    @property
+    def last_eval_rollouts(self) -> list[Rollouts]:
+        """The rollouts of the latest :meth:`evaluate`, one per batch of 64 held-out prompts."""
+        return self._last_eval
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         """Greedy (by default) completions on held-out prompts: mean of each reward, length."""
