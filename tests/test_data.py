@@ -216,8 +216,8 @@ def test_format_prompt_raw_and_errors():
 
 
 def test_default_buckets():
-    assert default_buckets(256) == (16, 32, 64, 128, 256)
-    assert default_buckets(100) == (16, 32, 64, 100)
+    assert default_buckets(256) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert default_buckets(100) == (16, 24, 32, 48, 64, 96, 100)
     assert default_buckets(16) == (16,)
     assert default_buckets(8) == (8,)
 
@@ -237,10 +237,10 @@ def test_tokenize_prompts_left_pads_to_smallest_bucket(tokenizer):
         np.testing.assert_array_equal(ids[row, 16 - n:], expected)
         np.testing.assert_array_equal(ids[row, :16 - n], pad)
         np.testing.assert_array_equal(mask[row], [0] * (16 - n) + [1] * n)
-    # A 17..32-token prompt moves the batch to the 32 bucket; custom buckets are honoured.
-    long_text = " ".join(["hello world"] * 8)
+    # A 25..32-token prompt moves the batch to the 32 bucket (16, 24, 32, ...); custom buckets are honoured.
+    long_text = " ".join(["hello world"] * 10)
     n_long = len(tokenizer(long_text, add_special_tokens=False)["input_ids"])
-    assert 16 < n_long <= 32
+    assert 24 < n_long <= 32
     assert tokenize_prompts(tokenizer, [texts[0], long_text], max_prompt_length=64).input_ids.shape == (2, 32)
     assert lengths[0] <= 8
     small = tokenize_prompts(tokenizer, [texts[0]], max_prompt_length=64, buckets=(8, 24))

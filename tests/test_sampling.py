@@ -128,7 +128,41 @@ def test_bucketing_bounds_compilations(model):
     assert sampling.trace_count() - before == 1  # all fit the (8 rows, 16 tokens) bucket
     ids = rng.integers(1, 100, size=(9, 17)).astype(np.int32)
     generate(model, ids, np.ones_like(ids), jax.random.key(0), cfg)
-    assert sampling.trace_count() - before == 2  # the next bucket: (16, 32)
+    assert sampling.trace_count() - before == 2  # the next bucket: (12 rows, 24 tokens)
+
+
+def _draw_frequencies(logits, rows, seeds):
+    tiled = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (rows, len(logits)))
+    draw = jax.jit(sampling._categorical)
+    tokens = np.concatenate([np.asarray(draw(jax.random.key(s), tiled)) for s in range(seeds)])
+    return np.bincount(tokens, minlength=len(logits)) / tokens.size, tokens.size
+
+
+@pytest.mark.parametrize("case", ["spread", "last_block", "masked"])
+def test_categorical_draws_follow_softmax(case):
+    """The inverse-CDF draw matches softmax frequencies within 4.5 standard errors per token and never
+    draws a token filtered to the dtype's minimum (V = 600 spans 3 blocks of 256, the last one padded)."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=600).astype(np.float32) * 2.0
+    if case == "last_block":
+        logits[:512] -= 30.0  # almost all mass in the padded last block
+    if case == "masked":
+        logits[rng.permutation(600)[:590]] = np.finfo(np.float32).min  # 10 tokens left, spread over blocks
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(logits)), np.float64)
+    freq, n = _draw_frequencies(logits, 8192, 16)
+    se = np.sqrt(probs * (1 - probs) / n) + 1.0 / n
+    assert np.all(np.abs(freq - probs) <= 4.5 * se), np.max(np.abs(freq - probs) / se)
+    if case == "masked":
+        assert freq[logits == np.finfo(np.float32).min].sum() == 0
+
+
+def test_categorical_single_allowed_token_and_same_key_same_draw():
+    logits = np.full((4, 300), np.finfo(np.float32).min, np.float32)
+    logits[np.arange(4), [0, 255, 256, 299]] = 0.0  # block edges
+    draw = np.asarray(sampling._categorical(jax.random.key(1), jnp.asarray(logits)))
+    assert draw.tolist() == [0, 255, 256, 299]
+    key, x = jax.random.key(3), jax.random.normal(jax.random.key(4), (5, 300))
+    np.testing.assert_array_equal(sampling._categorical(key, x), sampling._categorical(key, x))
 
 
 def test_bad_sampling_config_is_named():

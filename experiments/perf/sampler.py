@@ -70,6 +70,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 
+from rljax.buckets import bucket_length  # noqa: E402
 from rljax.models import load  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.registry import resolve  # noqa: E402
@@ -366,9 +367,7 @@ def _bench_batch(args, cfg, platform, device, batch, ids, mask, sample, prefill_
         "batch": batch,
         "new_tokens": N,
         "prompt_length": int(ids.shape[1]),
-        # rljax.sampling pads the prompt to a power of two (>= 16) before its jitted call
-        "prompt_length_bucketed": (max(16, 1 << (int(ids.shape[1]) - 1).bit_length())
-                                   if args.sampling_module == "rljax.sampling" else "?"),
+        "prompt_length_bucketed": bucket_length(int(ids.shape[1]), 16),  # what rljax.sampling pads to
         "rljax_seconds": rl_times,
         "transformers_seconds": hf_times,
         # process CPU seconds (all threads) per repeat: less sensitive than wall time to other

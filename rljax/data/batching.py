@@ -12,18 +12,14 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from rljax.buckets import bucket_sizes
+
 
 def default_buckets(max_prompt_length: int) -> tuple[int, ...]:
-    """Powers of two from 16 below `max_prompt_length`, then `max_prompt_length` itself."""
+    """Prompt-width buckets: 16, 24, 32, 48, 64, ... below `max_prompt_length`, then it (`rljax.buckets`)."""
     if max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
-    buckets = []
-    size = 16
-    while size < max_prompt_length:
-        buckets.append(size)
-        size *= 2
-    buckets.append(max_prompt_length)
-    return tuple(buckets)
+    return bucket_sizes(max_prompt_length, 16)
 
 
 def _check_buckets(buckets: Sequence[int] | None, max_prompt_length: int) -> tuple[int, ...]:

@@ -62,6 +62,28 @@ class KVCache:
         )
 
 
+@flax.struct.dataclass
+class LayerKVCache:
+    """The KV cache as one ``[B, S, KVH, hd]`` array per layer (tuples of length L); ``mask``/``index`` as
+    :class:`KVCache`.
+
+    The decode loop carries this form: each layer's arrays are whole buffers, so writing a step's
+    keys is an in-place update and attention reads them where they lie. Slicing layer ``l`` out of
+    the stacked ``[L, ...]`` arrays inside a loop costs XLA:CPU a copy of that slice every step.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    mask: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def from_stacked(cls, cache: "KVCache") -> "LayerKVCache":
+        L = cache.keys.shape[0]
+        return cls(tuple(cache.keys[l] for l in range(L)), tuple(cache.values[l] for l in range(L)),
+                   cache.mask, cache.index)
+
+
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     """Position ids ``[B, T]`` of a left-padded batch: 0 at each row's first real token."""
     return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
@@ -279,6 +301,41 @@ class Transformer(nnx.Module):
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         return KVCache.empty(self.config, batch_size, max_length, self.dtype)
 
+    def layer_params(self) -> list[dict[str, jax.Array]]:
+        """Each layer's parameters, sliced out of the stacked ``[L, ...]`` arrays (for :meth:`decode_step`).
+
+        Slice once, outside a decode loop: inside ``lax.scan`` every layer's weights are copied out
+        of the stack on every call, which on CPU costs about as much memory traffic as the matmuls.
+        """
+        layers = {k: v[...] for k, v in self.layers.items()}
+        return [{k: v[l] for k, v in layers.items()} for l in range(self.config.num_layers)]
+
+    def decode_step(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        cache: LayerKVCache,
+        layer_params: list[dict[str, jax.Array]] | None = None,
+    ) -> tuple[jax.Array, LayerKVCache]:
+        """One token per row through the layers, unrolled: hidden ``[B, 1, D]`` and the updated cache.
+
+        ``input_ids``/``positions`` ``[B, 1]``. Same numbers as ``forward(input_ids, ones,
+        positions=positions, cache=...)``; the layers run as a Python loop over ``layer_params``
+        (from :meth:`layer_params`, sliced before the decode loop) and per-layer cache arrays.
+        """
+        B, T = input_ids.shape
+        layer_params = self.layer_params() if layer_params is None else layer_params
+        x = constrain(self.embed[...].astype(self.dtype)[input_ids], _RESIDUAL)  # [B, T, D]
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (0, cache.index))
+        query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+        keys, values = [], []
+        for lp, k, v in zip(layer_params, cache.keys, cache.values):
+            x, k, v = self._block(x, lp, positions, k, v, key_mask, query_slots, cache.index)
+            keys.append(k)
+            values.append(v)
+        hidden = rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+        return hidden, LayerKVCache(tuple(keys), tuple(values), key_mask, cache.index + T)
+
     # ------------------------------------------------------------------ one block
     def _block(self, x, lp, positions, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None):
         """Pre-norm attention + SwiGLU MLP. ``x`` [B, T, D]; ``lp`` this layer's parameters."""
@@ -297,15 +354,23 @@ class Transformer(nnx.Module):
         inv_freq = rope_inverse_frequencies(c)
         q = _apply_rope(q, positions, inv_freq)
         k = _apply_rope(k, positions, inv_freq)
+        zero = jnp.zeros((), jnp.int32)
         if cache_keys is None:
             all_k, all_v = k, v
-        else:
-            zero = jnp.zeros((), jnp.int32)
+        elif layer is None:  # this layer's own cache arrays [B, S, KVH, hd] (decode_step)
+            start = (zero, write_index, zero, zero)
+            cache_keys = jax.lax.dynamic_update_slice(cache_keys, k.astype(cache_keys.dtype), start)
+            cache_values = jax.lax.dynamic_update_slice(cache_values, v.astype(cache_values.dtype), start)
+            all_k, all_v = cache_keys, cache_values
+        else:  # the stacked cache [L, B, S, KVH, hd]
             start = (layer, zero, write_index, zero, zero)
             cache_keys = jax.lax.dynamic_update_slice(cache_keys, k[None].astype(cache_keys.dtype), start)
             cache_values = jax.lax.dynamic_update_slice(cache_values, v[None].astype(cache_values.dtype), start)
             all_k, all_v = cache_keys[layer], cache_values[layer]  # [B, S, KVH, hd]
-        attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
+        if layer is None and cache_keys is not None and q.shape[1] == 1:
+            attn = _attention_one_query(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)
+        else:
+            attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
         out = self._proj(attn, lp, "wo")
         if c.o_bias:
             out = out + _lead(cast("bo"), 3)
@@ -347,6 +412,25 @@ def _attention(q, k, v, key_mask, query_slots):
     scores = jnp.where(visible[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(B, T, H, hd)
+
+
+def _attention_one_query(q, k, v, key_mask, query_slots):
+    """:func:`_attention` for one query per row (T = 1), as multiply-and-reduce instead of dots.
+
+    With T = 1 the dots are B * KVH tiny ``[G, hd] x [hd, S]`` products, which XLA:CPU runs through
+    transposed copies of the cache; elementwise products reduced over ``hd`` and ``S`` read the cache
+    in place. (Use it only on per-layer cache arrays: fused with a slice of the stacked cache inside
+    a scan, XLA copied the whole cache every layer.)
+    """
+    B, T, H, hd = q.shape
+    S, KVH = k.shape[1], k.shape[2]
+    qg = q.reshape(B, 1, KVH, H // KVH, hd)
+    scores = jnp.sum(qg * k[:, :, :, None, :], axis=-1).astype(jnp.float32) / math.sqrt(hd)  # [B, S, KVH, G]
+    visible = (key_mask > 0) & (jnp.arange(S)[None, :] <= query_slots)  # [B, S]
+    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)  # over S
+    out = jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1)  # [B, KVH, G, hd]
     return out.reshape(B, T, H, hd)
 
 

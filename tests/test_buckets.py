@@ -1,0 +1,26 @@
+"""The shape-bucket rule shared by the sampler and the prompt batcher."""
+
+import pytest
+
+from rljax.buckets import bucket_length, bucket_sizes
+
+
+def test_bucket_length_powers_of_two_and_midpoints():
+    assert [bucket_length(n) for n in (1, 16, 17, 24, 25, 33, 45, 49, 64, 65, 97, 129)] == [
+        16, 16, 24, 24, 32, 48, 48, 64, 64, 96, 128, 192]
+    assert [bucket_length(n, 8) for n in (1, 8, 9, 13, 16, 17)] == [8, 8, 12, 16, 16, 24]
+    assert [bucket_length(n, 1) for n in range(1, 10)] == [1, 2, 3, 4, 6, 6, 8, 8, 12]
+
+
+def test_padding_is_at_most_a_third_of_a_bucket():
+    for n in range(17, 5000):
+        size = bucket_length(n)
+        assert size >= n and (size - n) / size < 1 / 3 + 1e-9
+
+
+def test_bucket_sizes_end_at_the_maximum():
+    assert bucket_sizes(256) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert bucket_sizes(100) == (16, 24, 32, 48, 64, 96, 100)
+    assert bucket_sizes(16) == (16,) and bucket_sizes(8) == (8,)
+    with pytest.raises(ValueError, match="maximum"):
+        bucket_sizes(0)
