@@ -180,7 +180,9 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
 
     # The decode loop runs the layers unrolled over weights sliced here, once, and a cache held as one
     # array per layer: a layer scan inside the loop would copy each layer's weights and cache out of
-    # the stacked arrays on every step (on CPU, about half of the step's time).
+    # the stacked arrays on every step (on CPU, about half of the step's time). The price: during a
+    # generate call the sliced weights are a second copy of the layer weights (of each device's shard
+    # under FSDP), and the decode body compiles once per layer (compile time grows with depth).
     layer_params = model.layer_params()
     cache = LayerKVCache.from_stacked(cache)
 
