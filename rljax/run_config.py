@@ -83,7 +83,16 @@ class AlgorithmSection:
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
-    # PPO value head
+    # PPO value estimate: `shared` = a scalar value head on the policy's own trunk (one model, one
+    # optimizer; loss = L_pi + vf_coef * L_V); `separate` = a critic model of its own (a transformer
+    # with a value head, its own parameters and AdamW state, always fully fine-tuned) that minimises
+    # vf_coef * L_V while the policy (no value head; LoRA works) minimises L_pi alone.
+    critic: Literal["shared", "separate"] = "shared"
+    critic_model: str = ""  # separate critic: registered name / .gguf / HF directory ("" = model.name).
+    #                         A directory with value_head.safetensors (e.g. a trained reward model)
+    #                         starts the head from it; otherwise the head starts at zero. Same tokenizer.
+    critic_learning_rate: float = 0.0  # separate critic: its AdamW learning rate (0 = optim.learning_rate);
+    #                                    the other optim settings (schedule, warm-up, clipping) are shared
     vf_coef: float = 0.1
     value_clip: float = 0.2
     missing_eos_penalty: float = 0.0  # subtracted from the score of completions with no EOS
@@ -101,6 +110,10 @@ class AlgorithmSection:
             return
         if self.group_size < 1 or self.prompts_per_step < 1:
             raise ValueError("group_size and prompts_per_step must be >= 1")
+        if self.critic == "separate" and self.name != "ppo":
+            raise ValueError(f"critic: separate is a PPO setting; {self.name} has no value estimate")
+        if self.critic_learning_rate < 0:
+            raise ValueError(f"critic_learning_rate must be >= 0 (0 = optim.learning_rate), got {self.critic_learning_rate}")
         if self.name in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"{self.name} needs group_size >= 2 (a baseline from the other completions)")
         rows = self.group_size * self.prompts_per_step
@@ -139,7 +152,10 @@ class OfflineSection:
     # columns
     chosen_column: str = "chosen"
     rejected_column: str = "rejected"
-    margin_column: str = ""  # optional preference strength: the BT margin (reward_model); "" = none
+    # optional preference strength per pair ("" = none): reward_model: the Bradley–Terry margin,
+    # -log σ(r+ - r- - margin) (Llama 2, arXiv:2307.09288); dpo (loss_type sigmoid only): ODPO's offset,
+    # -log σ(βΔ - odpo_alpha·margin) (arXiv:2402.10571, which uses margin = log(s+ - s-))
+    margin_column: str = ""
     ranked_column: str = "responses"  # reward_model kwise: list of responses, best first
     response_column: str = "response"  # offline
     score_column: str = "score"  # offline
@@ -156,6 +172,7 @@ class OfflineSection:
     label_smoothing: float = 0.0  # cDPO / robust DPO epsilon
     simpo_gamma: float = 0.5
     reference_free: bool = False  # reference log-probs taken as 0
+    odpo_alpha: float = 1.0  # ODPO's alpha: offset = odpo_alpha * margin (with margin_column)
     precompute_ref_logprobs: bool = True  # cache reference log-probs once (no reference copy in memory)
     # reward model (rljax.losses.reward_model)
     rm_loss: Literal["pairwise", "kwise"] = "pairwise"
@@ -197,6 +214,8 @@ class OfflineSection:
             raise ValueError(f"max_weight must be >= 0 (0 = no clip), got {self.max_weight}")
         if self.task_responses < 2:
             raise ValueError("task_responses must be >= 2")
+        if self.odpo_alpha < 0:
+            raise ValueError(f"odpo_alpha must be >= 0, got {self.odpo_alpha}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +260,11 @@ class RunConfig:
         if self.algorithm.is_offline:
             if not self.data.path and not self.data.task:
                 raise ValueError("an offline algorithm needs data.path (a file or data set) or data.task")
+            o = self.offline
+            if self.algorithm.name == "dpo" and o.margin_column and (o.loss_type != "sigmoid" or o.label_smoothing):
+                raise ValueError(f"offline.margin_column with DPO is ODPO's offset (arXiv:2402.10571), published for "
+                                 f"loss_type=sigmoid without label smoothing; got loss_type={o.loss_type}, "
+                                 f"label_smoothing={o.label_smoothing}")
             return
         if not self.rewards:
             raise ValueError("rewards is empty: name at least one reward function, e.g. {answer: 1.0}")

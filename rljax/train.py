@@ -3,10 +3,13 @@
     run = Trainer(cfg)          # loads the model, data, rewards; restores a checkpoint if asked
     run.fit()                   # step = rollouts -> advantages -> num_iterations × mini_batches updates
 
-One batch, top to bottom (``Trainer.step``): prompts → ``rollouts`` (sampler with the current policy,
-rewards, reference log-probs and values) → ``online.compute_advantages`` → ``_update`` (a jitted
-pure function: gradient accumulation over micro-batches in ``lax.scan`` with the mini-batch's global
-token/sequence counts, AdamW, and a refusal to apply a non-finite update).
+One batch, top to bottom (``Trainer.step_once``): prompts → ``rollouts`` (sampler with the current
+policy, rewards, reference log-probs and values) → ``online.compute_advantages`` → ``_update`` (a
+jitted pure function around ``rljax.update.apply_update``: gradient accumulation over micro-batches
+in ``lax.scan`` with the mini-batch's global token/sequence counts, AdamW, and a refusal to apply a
+non-finite update). PPO with ``algorithm.critic: separate`` also runs ``_update_critic`` on each
+mini-batch: the critic model (its own parameters and optimizer state) learns the value loss, the
+policy the policy loss.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from rljax import rng
@@ -33,80 +35,41 @@ from rljax.data.loading import load_records
 from rljax.data.prompts import format_prompt
 from rljax.data.tasks import make_task
 from rljax.logprobs import completion_logprobs
+from rljax.loop import restore_state, run_steps, save_state
 from rljax.metrics_log import MetricsLogger
 from rljax.models import load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.rewards.base import build_rewards
 from rljax.run_config import RunConfig
 from rljax.sampling import SamplingConfig, generate
+from rljax.update import NonFiniteLossError, apply_update, make_optimizer, optimizer_for, raise_if_nonfinite
 
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient became NaN/inf; the update was not applied."""
-
-
-def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping."""
-    lr = cfg.learning_rate
-    decay_steps = max(total_steps - cfg.warmup_steps, 1)
-    if cfg.schedule == "constant":
-        after = optax.constant_schedule(lr)
-    elif cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(lr, decay_steps)
-    else:
-        after = optax.linear_schedule(lr, 0.0, decay_steps)
-    schedule = (optax.join_schedules([optax.linear_schedule(0.0, lr, cfg.warmup_steps), after], [cfg.warmup_steps])
-                if cfg.warmup_steps else after)
-    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
-    chain.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
-    return optax.chain(*chain)
+__all__ = ["NonFiniteLossError", "Rollouts", "Trainer", "make_optimizer"]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algo", "temperature", "num_micro"),
                    donate_argnames=("params", "opt_state"))
 def _update(graphdef, params, frozen, opt_state, batch, *, optimizer, algo, temperature, num_micro):
-    """One optimizer step on a mini-batch split into ``num_micro`` micro-batches.
+    """One policy optimizer step on a mini-batch split into ``num_micro`` micro-batches
+    (``rljax.update.apply_update`` with ``online.loss``; the mini-batch's global token/sequence counts)."""
+    loss_fn = functools.partial(online.loss, cfg=algo, temperature=temperature)
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn,
+                        totals=online.batch_totals(batch), optimizer=optimizer, num_micro=num_micro)
 
-    The loss of each micro-batch is normalised by the mini-batch's totals, so the summed gradient
-    equals the gradient of the whole mini-batch. A non-finite loss or gradient leaves the
-    parameters and optimizer state unchanged and sets ``metrics['nonfinite'] = 1``.
-    """
-    mask = batch["loss_mask"]
-    totals = dict(num_sequences=jnp.maximum((mask.sum(-1) > 0).sum(), 1), num_tokens=jnp.maximum(mask.sum(), 1),
-                  max_length=mask.shape[1])
-    micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
 
-    def micro_grad(p, mb):
-        def f(p):
-            model = nnx.merge(graphdef, p, frozen)
-            return online.loss(model, mb, algo, temperature=temperature, **totals)
-        (value, metrics), grads = jax.value_and_grad(f, has_aux=True)(p)
-        return value, metrics, grads
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algo", "num_micro"),
+                   donate_argnames=("params", "opt_state"))
+def _update_critic(graphdef, params, frozen, opt_state, batch, *, optimizer, algo, num_micro):
+    """One optimizer step of a separate PPO critic (``online.critic_loss``) on the same mini-batch."""
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=functools.partial(online.critic_loss, cfg=algo),
+                        totals=online.batch_totals(batch), optimizer=optimizer, num_micro=num_micro)
 
-    # Loss terms are normalised by the mini-batch totals, so they add up over micro-batches; the
-    # other metrics (clip fractions, ratios, entropy) are micro-batch means, averaged here.
-    weight = {k: 1.0 if k.endswith("loss") else 1.0 / num_micro for k in jax.eval_shape(
-        lambda: micro_grad(params, jax.tree.map(lambda x: x[0], micro))[1])}
 
-    def body(acc, mb):
-        value, metrics, grads = micro_grad(params, mb)
-        acc_value, acc_metrics, acc_grads = acc
-        return (acc_value + value, {k: acc_metrics[k] + weight[k] * metrics[k] for k in metrics},
-                jax.tree.map(jnp.add, acc_grads, grads)), None
-
-    first = jax.tree.map(lambda x: x[0], micro)
-    value, metrics, grads = micro_grad(params, first)
-    metrics = {k: weight[k] * m for k, m in metrics.items()}
-    if num_micro > 1:
-        rest = jax.tree.map(lambda x: x[1:], micro)
-        (value, metrics, grads), _ = jax.lax.scan(body, (value, metrics, grads), rest)
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
-    return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _critic_values(graphdef, params, frozen, batch):
+    """A separate critic's values ``[R, N]`` of the rollout's completion tokens: no gradient."""
+    return online.completion_values(nnx.merge(graphdef, params, frozen), batch["prompt_ids"], batch["prompt_mask"],
+                                    batch["completion_ids"], batch["completion_mask"])
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_values"))
@@ -133,7 +96,7 @@ class Trainer:
         self.cfg = cfg
         os.makedirs(cfg.train.run_dir, exist_ok=True)
         dtype = jnp.bfloat16 if cfg.model.dtype == "bfloat16" else jnp.float32
-        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=cfg.algorithm.name == "ppo")
+        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=online.shared_value_head(cfg.algorithm))
         if cfg.model.lora_rank:
             model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                              targets=cfg.model.lora_targets, seed=cfg.train.seed)
@@ -150,8 +113,14 @@ class Trainer:
         self.train_examples, self.eval_examples = self._load_data()
         self.rewards = build_rewards(cfg.rewards)
         self.iterator = PromptIterator(self.train_examples, cfg.algorithm.prompts_per_step, seed=cfg.train.seed)
-        self.optimizer = make_optimizer(cfg.optim, cfg.train.steps)
+        a = cfg.algorithm
+        # the schedule counts optimizer updates: num_iterations × mini_batches per step
+        updates = cfg.train.steps * a.num_iterations * a.mini_batches
+        self.optimizer = optimizer_for(cfg.optim, updates)
         self.opt_state = self.optimizer.init(self.params)
+        self.separate_critic = a.name == "ppo" and a.critic == "separate"
+        if self.separate_critic:
+            self._load_critic(dtype, updates)
         self.step = 0
         self.sample_stream = rng.stream(cfg.train.seed, "sample")
         self.checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"),
@@ -160,6 +129,20 @@ class Trainer:
             self._restore()
         if write_config:
             save_config(cfg, os.path.join(cfg.train.run_dir, "config.yaml"))
+
+    def _load_critic(self, dtype, updates: int) -> None:
+        """PPO's separate critic: its own transformer with a value head (fully fine-tuned), optimizer."""
+        a, optim = self.cfg.algorithm, self.cfg.optim
+        name = a.critic_model or self.cfg.model.name
+        critic, tokenizer = load(name, dtype=dtype, value_head=True)
+        if tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ValueError(f"algorithm.critic_model={name!r} has another tokenizer than model.name="
+                             f"{self.cfg.model.name!r}; the critic reads the policy's tokens, so they must match")
+        self.critic_graphdef, self.critic_params, self.critic_frozen = nnx.split(critic, nnx.Param, ...)
+        if a.critic_learning_rate:
+            optim = dataclasses.replace(optim, learning_rate=a.critic_learning_rate)
+        self.critic_optimizer = optimizer_for(optim, updates)
+        self.critic_opt_state = self.critic_optimizer.init(self.critic_params)
 
     # ------------------------------------------------------------------ data
     def _load_data(self):
@@ -261,7 +244,9 @@ class Trainer:
                                                   with_values=False)["logprobs"]
         else:
             batch["ref_logprobs"] = batch["old_logprobs"]
-        if a.name == "ppo":
+        if self.separate_critic:
+            batch["old_values"] = _critic_values(self.critic_graphdef, self.critic_params, self.critic_frozen, batch)
+        elif a.name == "ppo":
             batch["old_values"] = _score_tokens(self.graphdef, self.params, self.frozen, batch,
                                                 temperature=temperature, with_values=True)["values"]
         batch.update(online.compute_advantages(batch, a))
@@ -282,6 +267,12 @@ class Trainer:
                 self.params, self.opt_state, um = _update(
                     self.graphdef, self.params, self.frozen, self.opt_state, mb, optimizer=self.optimizer,
                     algo=a, temperature=temperature, num_micro=num_micro)
+                if self.separate_critic:
+                    self.critic_params, self.critic_opt_state, cm = _update_critic(
+                        self.critic_graphdef, self.critic_params, self.critic_frozen, self.critic_opt_state, mb,
+                        optimizer=self.critic_optimizer, algo=a, num_micro=num_micro)
+                    cm = _critic_metrics(cm)
+                    um = {**um, **cm, "nonfinite": jnp.maximum(um["nonfinite"], cm["nonfinite"])}
                 update_metrics.append(jax.device_get(um))
         t_update = time.perf_counter() - t2
         for k in update_metrics[0]:
@@ -293,10 +284,7 @@ class Trainer:
             "completion/stopped_frac": float(roll.arrays["finished"].mean()),
             "time/sample_s": t_sample, "time/ref_and_values_s": t_ref, "time/update_s": t_update,
         })
-        if metrics.pop("nonfinite") > 0:
-            raise NonFiniteLossError(
-                f"step {self.step}: the loss or gradient is not finite (loss={metrics['loss']}, "
-                f"grad_norm={metrics['grad_norm']}); the update was not applied")
+        raise_if_nonfinite(metrics, self.step)
         self._last_rollouts = roll
         return metrics
 
@@ -332,19 +320,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _state(self):
-        return {"params": self.params, "opt_state": self.opt_state}
+        state = {"params": self.params, "opt_state": self.opt_state}
+        if self.separate_critic:
+            state.update(critic_params=self.critic_params, critic_opt_state=self.critic_opt_state)
+        return state
 
     def save(self, *, force: bool = False) -> None:
-        metadata = {"step": self.step, "data": self.iterator.state_dict()}
-        self.checkpointer.save(self.step, self._state(), metadata, force=force)
+        save_state(self.checkpointer, self.step, self._state(), self.iterator, force=force)
 
     def _restore(self) -> None:
-        if self.checkpointer.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpointer.directory}")
-        state, metadata = self.checkpointer.restore(abstract_state=self._state())
+        state, self.step = restore_state(self.checkpointer, self._state(), self.iterator)
         self.params, self.opt_state = state["params"], state["opt_state"]
-        self.step = int(metadata["step"])
-        self.iterator.load_state_dict(metadata["data"])
+        if self.separate_critic:
+            self.critic_params, self.critic_opt_state = state["critic_params"], state["critic_opt_state"]
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -360,21 +348,8 @@ class Trainer:
                 summary["before"] = self.evaluate()
                 logger.log(0, summary["before"])
                 self._write_eval_samples(0)
-            while self.step < cfg.steps:
-                try:
-                    metrics = self.step_once()
-                except NonFiniteLossError as err:
-                    self.save(force=True)  # the state before the bad update: nothing is lost
-                    logger.write(f"stopping: {err}; last good state saved at step {self.step}")
-                    raise
-                self.step += 1
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                    metrics.update(self.evaluate())
-                logger.log(self.step, metrics)
-                if cfg.samples_every and self.step % cfg.samples_every == 0:
-                    self._write_samples(logger)
-                if self.checkpointer.should_save(self.step):
-                    self.save()
+            run_steps(self, logger, total_steps=cfg.steps, eval_every=cfg.eval_every,
+                      after_log=self._maybe_write_samples)
             summary["after"] = self.evaluate()
             logger.log(self.step, summary["after"])
             self._write_eval_samples(self.step)
@@ -385,6 +360,11 @@ class Trainer:
         with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
+
+    def _maybe_write_samples(self, logger) -> None:
+        every = self.cfg.train.samples_every
+        if every and self.step % every == 0:
+            self._write_samples(logger)
 
     def _write_samples(self, logger) -> None:
         roll = self._last_rollouts
@@ -402,6 +382,12 @@ class Trainer:
                     row = {"prompt": ex["prompt"], "completion": text, "answer": ex.get("answer")}
                     row.update({k: float(v[i]) for k, v in roll.per_function.items()})
                     f.write(json.dumps(row) + "\n")
+
+
+def _critic_metrics(metrics: dict) -> dict:
+    """A separate critic's update metrics: its loss and gradient norm as ``critic/*``, ``value/*`` as they are."""
+    renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
+    return {renamed.get(k, k): v for k, v in metrics.items()}
 
 
 def _concat_groups(groups) -> Rollouts:

@@ -7,9 +7,10 @@ One batch, top to bottom (``OfflineTrainer.step_once``): rows of the data set (t
 start) → ``make_batch`` (prompts left-padded, responses right-padded, widths bucketed) → for DPO,
 the cached reference log-probs (computed once by ``_cache_reference``, before any update, so no
 reference copy of the model is kept; or from a live reference with
-``offline.precompute_ref_logprobs: false``) → ``_update`` (jitted and donated: gradient
-accumulation over micro-batches in ``lax.scan`` with the batch's global pair / token counts,
-AdamW from ``rljax.train.make_optimizer``, and a refusal to apply a non-finite update).
+``offline.precompute_ref_logprobs: false``) → ``_update`` (jitted and donated, around
+``rljax.update.apply_update``, the online loop's update too: gradient accumulation over
+micro-batches in ``lax.scan`` with the batch's global pair / token counts, AdamW, and a refusal to
+apply a non-finite update). The step loop and checkpoint round trip are ``rljax.loop``'s, as online.
 
 The run directory is laid out as the online loop's: ``config.yaml``, ``metrics.jsonl`` (with
 ``eval/*`` on the held-out split before and after training and every ``train.eval_every``
@@ -31,7 +32,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from rljax.algorithms import dpo, offline, reward_model
@@ -49,11 +49,12 @@ from rljax.data.preferences import (
 from rljax.data.prompts import format_prompt
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
+from rljax.loop import restore_state, run_steps, save_state
 from rljax.metrics_log import MetricsLogger
 from rljax.models import load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.run_config import OFFLINE_ALGORITHMS, OfflineSection, RunConfig
-from rljax.train import NonFiniteLossError, make_optimizer
+from rljax.update import apply_update, optimizer_for, raise_if_nonfinite
 
 ALGORITHMS = {"dpo": dpo, "reward_model": reward_model, "offline": offline}
 REWARD_MODEL_META = "rljax_reward_model.json"
@@ -61,23 +62,12 @@ REWARD_MODEL_META = "rljax_reward_model.json"
 # only these (the rest at their defaults), so runs that differ elsewhere (data, batching, cached vs
 # live reference) share compiled programs.
 LOSS_FIELDS = ("loss_type", "beta", "label_smoothing", "simpo_gamma", "reference_free", "rm_loss", "centering_coef",
-               "margin_column", "reduction")
+               "margin_column", "odpo_alpha", "reduction")
 
 
 def loss_config(cfg: OfflineSection) -> OfflineSection:
     """``cfg`` reduced to ``LOSS_FIELDS`` (a static argument of the jitted update)."""
     return OfflineSection(**{name: getattr(cfg, name) for name in LOSS_FIELDS})
-
-
-def _optimizer(optim, total_steps: int):
-    # One optimizer object per (settings, schedule length): it is a static argument of `_update`,
-    # so equal settings reuse the compiled update. A constant schedule ignores the length.
-    return _cached_optimizer(optim, total_steps if optim.schedule != "constant" else 0)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_optimizer(optim, total_steps: int):
-    return make_optimizer(optim, max(total_steps, optim.warmup_steps + 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,47 +77,11 @@ def _cached_optimizer(optim, total_steps: int):
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algo", "cfg", "num_micro"),
                    donate_argnames=("params", "opt_state"))
 def _update(graphdef, params, frozen, opt_state, batch, *, optimizer, algo, cfg, num_micro):
-    """One optimizer step on a batch split into ``num_micro`` micro-batches.
-
-    The loss of each micro-batch is normalised by the whole batch's totals
-    (``ALGORITHMS[algo].batch_totals``), so the summed gradient equals the whole batch's. A
-    non-finite loss or gradient leaves parameters and optimizer state unchanged and sets
-    ``metrics['nonfinite'] = 1``.
-    """
+    """One optimizer step on a batch split into ``num_micro`` micro-batches: ``rljax.update.apply_update``
+    with ``ALGORITHMS[algo].loss``, normalised by the whole batch's totals (``batch_totals``)."""
     module = ALGORITHMS[algo]
-    totals = module.batch_totals(batch, cfg)
-    micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
-
-    def micro_grad(p, mb):
-        def f(p):
-            return module.loss(nnx.merge(graphdef, p, frozen), mb, cfg, **totals)
-        (value, metrics), grads = jax.value_and_grad(f, has_aux=True)(p)
-        return value, metrics, grads
-
-    # Terms named *loss are normalised by the batch totals, so they add up over micro-batches; the
-    # other metrics (accuracies, means) are micro-batch means, averaged here.
-    first = jax.tree.map(lambda x: x[0], micro)
-    if num_micro == 1:
-        value, metrics, grads = micro_grad(params, first)
-    else:
-        # Accumulate from zeros over every micro-batch: one traced copy of the forward/backward.
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(micro_grad, params, first))
-        weight = {k: 1.0 if k.endswith("loss") else 1.0 / num_micro for k in zeros[1]}
-
-        def body(acc, mb):
-            value, metrics, grads = micro_grad(params, mb)
-            acc_value, acc_metrics, acc_grads = acc
-            return (acc_value + value, {k: acc_metrics[k] + weight[k] * metrics[k] for k in metrics},
-                    jax.tree.map(jnp.add, acc_grads, grads)), None
-
-        (value, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
-    return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=functools.partial(module.loss, cfg=cfg),
+                        totals=module.batch_totals(batch, cfg), optimizer=optimizer, num_micro=num_micro)
 
 
 _SCORE_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
@@ -281,7 +235,7 @@ class OfflineTrainer:
         self.total_steps = (max(1, math.ceil(o.epochs * len(self.iterator))) if o.epochs > 0 else cfg.train.steps)
         self.num_micro = o.batch_size // (o.micro_batch_size or o.batch_size)
         self.loss_cfg = loss_config(o)
-        self.optimizer = _optimizer(cfg.optim, self.total_steps)
+        self.optimizer = optimizer_for(cfg.optim, self.total_steps)
         self.opt_state = self.optimizer.init(self.params)
         self.step = 0
         self.evaluate_only = evaluate_only
@@ -453,10 +407,7 @@ class OfflineTrainer:
         metrics["time/update_s"] = time.perf_counter() - t2
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["epoch"] = self.iterator.epoch + self.iterator.index / max(len(self.train_set), 1)
-        if metrics.pop("nonfinite") > 0:
-            raise NonFiniteLossError(
-                f"step {self.step}: the loss or gradient is not finite (loss={metrics['loss']}, "
-                f"grad_norm={metrics['grad_norm']}); the update was not applied")
+        raise_if_nonfinite(metrics, self.step)
         return metrics
 
     # ------------------------------------------------------------------ evaluation
@@ -475,8 +426,9 @@ class OfflineTrainer:
             scores, lengths = self._score_set(data, kind, self.params)
         row_mask = jnp.ones((len(data),), jnp.int32)
         if self.algo == "dpo":
+            margin = data.values.get("margin")
             loss, metrics = dpo.pair_loss(jnp.asarray(scores), jnp.asarray(lengths), jnp.asarray(data.values["ref_logps"]),
-                                          row_mask, o)
+                                          row_mask, o, margin=None if margin is None else jnp.asarray(margin))
         elif self.algo == "reward_model":
             masks = {"row_mask": row_mask, "response_valid": jnp.asarray(lengths > 0, jnp.int32),
                      **{k: jnp.asarray(v) for k, v in data.values.items()}}
@@ -520,16 +472,11 @@ class OfflineTrainer:
         return {"params": self.params, "opt_state": self.opt_state}
 
     def save(self, *, force: bool = False) -> None:
-        self.checkpointer.save(self.step, self._state(), {"step": self.step, "data": self.iterator.state_dict()},
-                               force=force)
+        save_state(self.checkpointer, self.step, self._state(), self.iterator, force=force)
 
     def _restore(self) -> None:
-        if self.checkpointer.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpointer.directory}")
-        state, metadata = self.checkpointer.restore(abstract_state=self._state())
+        state, self.step = restore_state(self.checkpointer, self._state(), self.iterator)
         self.params, self.opt_state = state["params"], state["opt_state"]
-        self.step = int(metadata["step"])
-        self.iterator.load_state_dict(metadata["data"])
 
     def export(self, directory: str | None = None) -> str:
         """Write the trained model as a Hugging Face directory (LoRA merged; value head included)."""
@@ -566,19 +513,7 @@ class OfflineTrainer:
                 summary["before"] = self.evaluate()
                 logger.log(0, {**summary["before"], **{f"data/{k}": v for k, v in summary["data"].items()},
                                "time/ref_cache_s": self.ref_seconds})
-            while self.step < self.total_steps:
-                try:
-                    metrics = self.step_once()
-                except NonFiniteLossError as err:
-                    self.save(force=True)  # the state before the bad update
-                    logger.write(f"stopping: {err}; last good state saved at step {self.step}")
-                    raise
-                self.step += 1
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
-                    metrics.update(self.evaluate())
-                logger.log(self.step, metrics)
-                if self.checkpointer.should_save(self.step):
-                    self.save()
+            run_steps(self, logger, total_steps=self.total_steps, eval_every=cfg.eval_every)
             train_seconds = time.perf_counter() - start
             summary["after"] = self.evaluate()
             logger.log(self.step, summary["after"])

@@ -156,3 +156,47 @@ def test_reference_free_and_simpo_skip_the_reference_pass(tiny_dir, pairs_path, 
         trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, offline=offline))
         assert trainer.ref_seconds == 0.0 and trainer.ref_params is None
         assert not trainer.train_set.values["ref_logps"].any()
+
+
+def test_a_margin_column_makes_sigmoid_dpo_odpo():
+    # ODPO (arXiv:2402.10571): -log sigmoid(beta * delta - alpha * margin), by hand.
+    cfg = OfflineSection(loss_type="sigmoid", beta=0.5, margin_column="margin", odpo_alpha=2.0)
+    logps = jnp.asarray([[-3.0, -5.0], [-4.0, -2.0], [-6.0, -6.5], [-1.0, -9.0]])
+    ref = jnp.asarray([[-3.5, -4.5], [-4.0, -3.0], [-6.0, -6.0], [0.0, 0.0]])
+    margin = jnp.asarray([0.5, 0.0, 1.5, 7.0])
+    mask = jnp.asarray([1, 1, 1, 0])
+    lengths = jnp.ones((4, 2))
+    got, metrics = dpo.pair_loss(logps, lengths, ref, mask, cfg, margin=margin)
+    delta = (np.asarray(logps[:, 0]) - np.asarray(ref[:, 0])) - (np.asarray(logps[:, 1]) - np.asarray(ref[:, 1]))
+    per_pair = np.log1p(np.exp(-(0.5 * delta - 2.0 * np.asarray(margin))))
+    np.testing.assert_allclose(got, per_pair[:3].mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["preference/loss"], got, rtol=1e-6)
+    np.testing.assert_allclose(metrics["odpo/offset_mean"], 2.0 * 2.0 / 3, rtol=1e-6)
+    # the implicit-reward metrics do not see the offset; without a margin column it is plain DPO
+    _, plain = dpo.pair_loss(logps, lengths, ref, mask, OfflineSection(loss_type="sigmoid", beta=0.5))
+    for k in ("rewards/chosen", "rewards/margin", "rewards/accuracy", "logps/chosen"):
+        np.testing.assert_allclose(metrics[k], plain[k], rtol=1e-6, err_msg=k)
+    # the offset is a constant: the gradient is that of the hand formula
+    grad = jax.grad(lambda lp: dpo.pair_loss(lp, lengths, ref, mask, cfg, margin=margin)[0])(logps)
+    s = 1.0 / (1.0 + np.exp(0.5 * delta - 2.0 * np.asarray(margin)))  # sigmoid(-(beta delta - offset))
+    want = -0.5 * s * np.asarray(mask) / 3
+    np.testing.assert_allclose(grad[:, 0], want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad[:, 1], -want, rtol=1e-5, atol=1e-7)
+
+
+def test_odpo_trains_from_a_margin_column_and_other_losses_refuse_it(tiny_dir, tmp_path):
+    from rljax.config import ConfigError
+
+    rows = [json.loads(line) for line in open(toy_pairs(tmp_path / "plain.jsonl", n=64))]
+    path = tmp_path / "margins.jsonl"
+    with open(path, "w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({**row, "strength": float(i % 3)}) + "\n")
+    summary = OfflineTrainer(_cfg(tiny_dir, path, tmp_path / "run", steps=2,
+                                  offline=", margin_column: strength, odpo_alpha: 0.5")).fit()
+    train = [m for m in _metrics(tmp_path / "run") if "odpo/offset_mean" in m and m["step"] > 0]
+    assert len(train) >= 2 and all(0.0 <= m["odpo/offset_mean"] <= 1.0 for m in train)
+    assert "eval/odpo/offset_mean" in summary["after"]
+    with pytest.raises(ConfigError, match="ODPO"):
+        from_yaml(RunConfig, f"algorithm: {{name: dpo}}\ndata: {{path: {path}}}\n"
+                             "offline: {margin_column: strength, loss_type: ipo}")

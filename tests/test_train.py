@@ -1,9 +1,11 @@
 """End-to-end online RL on a tiny random model: learning, determinism, resume, failures, configs."""
 
+import dataclasses
 import glob
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -57,21 +59,59 @@ def _train_rewards(run_dir):
     return [m["reward/total/mean"] for m in _metrics(run_dir) if "reward/total/mean" in m]
 
 
-@pytest.mark.parametrize("algo,extra", [("grpo", ", kl_coef: 0.01"), ("rloo", ", kl_coef: 0.01"), ("ppo", ", kl_coef: 0.01")])
+@pytest.mark.parametrize("algo,extra", [("grpo", ", kl_coef: 0.01"), ("rloo", ", kl_coef: 0.01"), ("ppo", ", kl_coef: 0.01"),
+                                        ("ppo", ", kl_coef: 0.01, critic: separate")])
 def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     summary = Trainer(_cfg(tiny_dir, tmp_path, algo, extra, steps=16)).fit()
     rewards = _train_rewards(tmp_path)
     assert np.mean(rewards[-4:]) > np.mean(rewards[:4]) + 0.1, rewards
     assert summary["after"]["eval/lowercase"] > summary["before"]["eval/lowercase"] + 0.2, summary
+    separate = ("critic/loss" in _metrics(tmp_path)[1]) and ("critic/grad_norm" in _metrics(tmp_path)[1])
+    assert separate == ("separate" in extra)
 
 
-def test_ppo_value_loss_falls(tiny_dir, tmp_path):
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_ppo_value_loss_falls(tiny_dir, tmp_path, critic):
     # A constant score of 1: the returns are a fixed target (1 at every token with gamma = 1 and no
     # KL and lambda = 1), so the zero-initialised value head's loss must fall from 0.5 towards 0.
-    Trainer(_cfg(tiny_dir, tmp_path, "ppo", ", vf_coef: 1.0, lam: 1.0", steps=10, rewards="{constant: 1.0}")).fit()
+    Trainer(_cfg(tiny_dir, tmp_path, "ppo", f", vf_coef: 1.0, lam: 1.0, critic: {critic}", steps=10,
+                 rewards="{constant: 1.0}")).fit()
     value_losses = [m["value/loss"] for m in _metrics(tmp_path) if "value/loss" in m]
     assert value_losses[0] == pytest.approx(0.5, abs=0.05)
     assert value_losses[-1] < 0.25 * value_losses[0], value_losses
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_a_separate_critics_value_loss_never_reaches_the_policy(tiny_dir, tmp_path):
+    # One step with vf_coef 0.01 and 10: the critics' updates differ, the policies' are identical to
+    # the bit (the first step's values come from the same initial critic, and the policy's loss has
+    # no value term). The policy is LoRA-adapted and has no value head; the critic is fully trained.
+    trainers = {}
+    for vf_coef in (0.01, 10.0):
+        cfg = _cfg(tiny_dir, tmp_path / str(vf_coef), "ppo", f", vf_coef: {vf_coef}, kl_coef: 0.05, critic: separate",
+                   steps=1)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=4, lora_targets=("wq", "wv")))
+        trainer = Trainer(cfg)
+        before = (_leaves(trainer.params), _leaves(trainer.critic_params))
+        trainer.step_once()
+        trainers[vf_coef] = (trainer, before)
+    (small, (policy0, critic0)), (large, _) = trainers[0.01], trainers[10.0]
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(small.params)]
+    assert len(names) == 4 and all("_lora_" in n for n in names), names
+    assert any(not np.array_equal(a, b) for a, b in zip(policy0, _leaves(small.params)))  # the policy learned
+    for a, b in zip(_leaves(small.params), _leaves(large.params)):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(small.critic_params), _leaves(large.critic_params)))
+    # The head starts at zero, so the first step moves only the head; from the second on the whole
+    # critic (every transformer weight, not LoRA) trains.
+    small.step = 1
+    small.step_once()
+    moved = {jax.tree_util.keystr(p): not np.array_equal(a, np.asarray(b)) for (p, b), a in
+             zip(jax.tree_util.tree_leaves_with_path(small.critic_params), critic0)}
+    assert all(moved.values()), moved
 
 
 def test_same_seed_same_metrics(tiny_dir, tmp_path):
@@ -81,11 +121,13 @@ def test_same_seed_same_metrics(tiny_dir, tmp_path):
     assert strip(_metrics(tmp_path / "a")) == strip(_metrics(tmp_path / "b"))
 
 
-def test_resume_equals_uninterrupted(tiny_dir, tmp_path):
+@pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", ", kl_coef: 0.01, critic: separate, "
+                                                        "critic_learning_rate: 3.0e-3")])
+def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
+    # (with a separate critic, its parameters and optimizer state are checkpointed and restored too)
     strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time")} for m in ms]
-    Trainer(_cfg(tiny_dir, tmp_path / "full", steps=4)).fit()
-    cfg = _cfg(tiny_dir, tmp_path / "resumed", steps=4, extra="")
-    import dataclasses
+    Trainer(_cfg(tiny_dir, tmp_path / "full", algo, extra, steps=4)).fit()
+    cfg = _cfg(tiny_dir, tmp_path / "resumed", algo, extra, steps=4)
 
     half = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2, save_every=2))
     Trainer(half).fit()
@@ -104,8 +146,6 @@ def test_a_reward_that_raises_does_not_stop_the_run(tiny_dir, tmp_path):
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_a_checkpoint(tiny_dir, tmp_path):
     cfg = _cfg(tiny_dir, tmp_path, steps=5)
-    import dataclasses
-
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=1e30, grad_clip=0.0))
     with pytest.raises(NonFiniteLossError, match="not finite"):
         Trainer(cfg).fit()
@@ -122,6 +162,8 @@ def test_bad_config_names_the_key(tmp_path):
         from_yaml(RunConfig, "optim: {learning_rat: 1.0}\nrewards: {answer: 1.0}")
     with pytest.raises(ConfigError, match="rewards"):
         from_yaml(RunConfig, "train: {steps: 1}")
+    with pytest.raises(ConfigError, match="critic: separate is a PPO setting"):
+        from_yaml(RunConfig, "algorithm: {name: grpo, critic: separate}\nrewards: {answer: 1.0}")
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))))

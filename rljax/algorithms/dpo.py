@@ -5,6 +5,12 @@ arXiv:2403.00409, IPO arXiv:2310.12036, hinge / SLiC arXiv:2305.10425, SimPO arX
 reference-free) live in ``rljax.losses.preference.preference_loss`` and are picked by
 ``offline.loss_type`` / ``offline.reference_free``.
 
+With a margin column (``offline.margin_column``) the sigmoid loss becomes ODPO, DPO with an offset
+(Amini, Vieira & Cotterell 2024, arXiv:2402.10571): ``−log σ(βΔ − Δ_r)`` with the per-pair offset
+``Δ_r = α · margin`` (``α = offline.odpo_alpha``; the paper uses ``margin = log(s⁺ − s⁻)`` of the
+two responses' scores). The chosen response must then beat the rejected one by more where the
+preference is stronger. Other loss types have no published offset form and refuse a margin column.
+
 A batch holds ``B`` pairs (``K = 2`` responses each, chosen first):
 
 * ``prompt_ids``, ``prompt_mask`` ``[B, P]`` left-padded;
@@ -12,13 +18,15 @@ A batch holds ``B`` pairs (``K = 2`` responses each, chosen first):
 * ``ref_logps`` ``[B, 2]``: summed reference log-probs, computed once before training and cached
   (``offline.precompute_ref_logprobs``; the reference model is then not kept) or per batch from a
   live reference;
-* ``row_mask`` ``[B]``: 1 for a real pair (evaluation pads its last batch).
+* ``row_mask`` ``[B]``: 1 for a real pair (evaluation pads its last batch);
+* ``margin`` ``[B]`` (with ``offline.margin_column``): the ODPO offset before scaling by ``α``.
 
 Chosen and rejected go through the model in one forward pass of ``2B`` rows.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from rljax.logprobs import completion_logprobs
@@ -54,16 +62,37 @@ def batch_totals(batch: dict, cfg: OfflineSection) -> dict:
     return {"num_pairs": jnp.maximum(jnp.sum(batch["row_mask"] != 0, dtype=jnp.float32), 1.0)}
 
 
-def pair_loss(logps, lengths, ref_logps, row_mask, cfg: OfflineSection, *, num_pairs=None):
-    """``preference_loss`` of ``[B, 2]`` policy and reference log-probs, as the config says."""
-    return preference_loss(
-        logps[:, 0], logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
-        loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma,
-        chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free,
-        mask=row_mask, num_pairs=num_pairs)
+def pair_loss(logps, lengths, ref_logps, row_mask, cfg: OfflineSection, *, margin=None, num_pairs=None):
+    """``preference_loss`` of ``[B, 2]`` policy and reference log-probs, as the config says.
+
+    ``margin`` ``[B]`` (used when ``cfg.margin_column`` is set): ODPO's offset ``Δ_r = α · margin``
+    (module docstring). ``preference_loss`` has no offset argument, so it enters as a constant
+    shift of the chosen log-prob by ``−Δ_r / β`` (``β(Δ − Δ_r/β) = βΔ − Δ_r``: the same loss and
+    gradient); the metrics (``rewards/*``, ``logps/*``) come from the unshifted log-probs, and
+    ``preference/loss`` is the ODPO loss.
+    """
+    def call(chosen_logps):
+        return preference_loss(
+            chosen_logps, logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
+            loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma,
+            chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free,
+            mask=row_mask, num_pairs=num_pairs)
+
+    if margin is None or not cfg.margin_column:
+        return call(logps[:, 0])
+    if cfg.loss_type != "sigmoid" or cfg.label_smoothing:
+        raise ValueError("a DPO margin (ODPO offset) needs loss_type=sigmoid without label smoothing, got "
+                         f"loss_type={cfg.loss_type!r}, label_smoothing={cfg.label_smoothing}")
+    offset = cfg.odpo_alpha * jax.lax.stop_gradient(margin.astype(logps.dtype))
+    loss, _ = call(logps[:, 0] - offset / cfg.beta)
+    _, metrics = call(logps[:, 0])
+    metrics = {**metrics, "preference/loss": loss,
+               "odpo/offset_mean": jnp.sum(jnp.where(row_mask != 0, offset, 0.0)) / jnp.maximum(jnp.sum(row_mask != 0), 1)}
+    return loss, metrics
 
 
 def loss(model, batch: dict, cfg: OfflineSection, *, num_pairs):
     """``(loss, metrics)`` of one micro-batch; ``num_pairs`` is the whole batch's pair count."""
     logps, lengths = sequence_logps(model, batch)
-    return pair_loss(logps, lengths, batch["ref_logps"], batch["row_mask"], cfg, num_pairs=num_pairs)
+    return pair_loss(logps, lengths, batch["ref_logps"], batch["row_mask"], cfg, margin=batch.get("margin"),
+                     num_pairs=num_pairs)

@@ -6,6 +6,11 @@ A rollout batch is a dict of arrays over ``R = prompts × G`` rows (row ``i`` be
 (the completion mask less rows excluded from the loss), ``old_logprobs [R, N]`` (the sampler's),
 ``ref_logprobs [R, N]`` (when a KL term is on), ``old_values [R, N]`` (PPO), ``scores [R]``,
 ``valid [R]`` (False where a reward function failed), ``finished [R]`` (emitted EOS).
+
+PPO's value estimate comes from a scalar head on the policy's trunk (``algorithm.critic: shared``:
+``loss`` adds ``vf_coef · L_V``) or from a critic model of its own (``critic: separate``: ``loss`` is
+the policy loss alone and ``critic_loss`` trains the critic; each model has its own optimizer, so
+no gradient of the value loss reaches the policy).
 """
 
 from __future__ import annotations
@@ -47,12 +52,51 @@ def compute_advantages(batch: dict, cfg: AlgorithmSection) -> dict:
     return {"advantages": advantages, "returns": returns}
 
 
+def batch_totals(batch: dict) -> dict:
+    """Global denominators of a mini-batch (before it is split into micro-batches)."""
+    mask = batch["loss_mask"]
+    return dict(num_sequences=jnp.maximum((mask.sum(-1) > 0).sum(), 1), num_tokens=jnp.maximum(mask.sum(), 1),
+                max_length=mask.shape[1])
+
+
+def shared_value_head(cfg: AlgorithmSection) -> bool:
+    """Whether the policy carries the value head (PPO with ``critic: shared``)."""
+    return cfg.name == "ppo" and cfg.critic == "shared"
+
+
+def completion_values(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jnp.ndarray:
+    """Value-head estimates ``[B, N]`` at the state before each completion token (no logits).
+
+    Prompts ``[B, P]`` left-padded, completions ``[B, N]`` right-padded; the same positions as
+    ``completion_logprobs(..., with_values=True)["values"]``.
+    """
+    P, N = prompt_ids.shape[1], completion_ids.shape[1]
+    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1)
+    mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
+    hidden, _ = model.forward(ids, mask)
+    return model.values(hidden[:, P - 1 : P + N - 1])
+
+
+def critic_loss(model, batch: dict, cfg: AlgorithmSection, *, num_sequences, num_tokens, max_length: int):
+    """``(vf_coef · L_V, metrics)`` of a separate critic on one micro-batch (``critic: separate``).
+
+    The same clipped value loss and global token count as the shared head's term; the gradient
+    reaches only the critic's parameters. Metrics: ``value/*`` (``rljax.losses.value.value_loss``).
+    """
+    mask = batch["loss_mask"]
+    values = completion_values(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask)
+    v_loss, metrics = value_loss(values, batch["old_values"], batch["returns"], mask, clip_range=cfg.value_clip,
+                                 num_tokens=num_tokens)
+    return cfg.vf_coef * v_loss, metrics
+
+
 def loss(model, batch: dict, cfg: AlgorithmSection, *, temperature: float, num_sequences, num_tokens,
          max_length: int):
     """``(loss, metrics)`` of one micro-batch; totals are the mini-batch's (global denominators)."""
     mask = batch["loss_mask"]
+    with_values = shared_value_head(cfg)
     out = completion_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask,
-                              temperature=temperature, with_entropy=True, with_values=cfg.name == "ppo")
+                              temperature=temperature, with_entropy=True, with_values=with_values)
     if not cfg.entropy_coef:
         # logged only: XLA does not drop 0 * entropy, so without this the backward pass would run
         # through the [B, N, V] entropy computation for nothing.
@@ -66,7 +110,7 @@ def loss(model, batch: dict, cfg: AlgorithmSection, *, temperature: float, num_s
         kl_estimator=cfg.kl_estimator, reduction=cfg.reduction, num_sequences=num_sequences,
         num_tokens=num_tokens, max_length=max_length,
     )
-    if cfg.name == "ppo":
+    if with_values:
         v_loss, v_metrics = value_loss(out["values"], batch["old_values"], batch["returns"], mask,
                                        clip_range=cfg.value_clip, num_tokens=num_tokens)
         total = total + cfg.vf_coef * v_loss

@@ -1,0 +1,125 @@
+"""The one optimizer step every trainer takes: exact gradient accumulation, a non-finite guard, AdamW.
+
+    new_params, new_opt_state, metrics = apply_update(
+        graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=totals,
+        optimizer=optimizer, num_micro=4)
+
+Called inside each trainer's own jitted, donated ``_update`` (``rljax.train``: GRPO / PPO / RLOO and
+the PPO critic; ``rljax.train_offline``: DPO, reward model, scored records), which picks the loss
+and its static settings. ``loss_fn(model, micro_batch, **totals)`` returns ``(loss, metrics)``;
+``totals`` are the whole batch's denominators (token, sequence or pair counts), so each
+micro-batch's loss is a share of the batch loss and the summed gradient equals the whole batch's
+(the "global denominator" rule of ``rljax.losses.reduce``).
+
+Also here: ``make_optimizer`` / ``optimizer_for`` (AdamW with warm-up, decay and clipping; the latter
+cached, so equal settings share compiled updates) and ``NonFiniteLossError``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient became NaN/inf; the update was not applied."""
+
+
+def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
+    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping.
+
+    ``cfg`` is an ``rljax.run_config.OptimSection``; ``total_steps`` counts optimizer updates.
+    """
+    lr = cfg.learning_rate
+    decay_steps = max(total_steps - cfg.warmup_steps, 1)
+    if cfg.schedule == "constant":
+        after = optax.constant_schedule(lr)
+    elif cfg.schedule == "cosine":
+        after = optax.cosine_decay_schedule(lr, decay_steps)
+    else:
+        after = optax.linear_schedule(lr, 0.0, decay_steps)
+    schedule = (optax.join_schedules([optax.linear_schedule(0.0, lr, cfg.warmup_steps), after], [cfg.warmup_steps])
+                if cfg.warmup_steps else after)
+    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    chain.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    return optax.chain(*chain)
+
+
+def optimizer_for(cfg, total_steps: int) -> optax.GradientTransformation:
+    """``make_optimizer``, one object per (settings, schedule length).
+
+    The optimizer is a static argument of the jitted updates, so trainers with equal settings (a
+    resumed run, a sweep, the tests) reuse one compiled update. A constant schedule without
+    warm-up ignores the length.
+    """
+    if cfg.schedule == "constant":
+        total_steps = cfg.warmup_steps + 1
+    return _cached_optimizer(cfg, max(total_steps, cfg.warmup_steps + 1))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
+    return make_optimizer(cfg, total_steps)
+
+
+def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array], *,
+                 loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]], totals: dict[str, Any],
+                 optimizer: optax.GradientTransformation, num_micro: int):
+    """One optimizer step on ``batch`` split into ``num_micro`` micro-batches (traceable; call under jit).
+
+    Every leaf of ``batch`` has the rows on axis 0, a multiple of ``num_micro``. Gradients,
+    the loss and the metrics are accumulated in ``lax.scan`` from zeros (one traced copy of the
+    forward/backward pass). Metrics whose names end in ``loss`` are normalised by ``totals`` and so
+    add up over micro-batches; the others (clip fractions, accuracies, means) are micro-batch
+    means, averaged. A non-finite loss or gradient norm leaves ``params`` and ``opt_state``
+    unchanged and sets ``metrics['nonfinite'] = 1`` (the trainer then stops with
+    ``NonFiniteLossError``).
+
+    Returns ``(new_params, new_opt_state, metrics)``; metrics add ``loss``, ``grad_norm`` (before
+    clipping) and ``nonfinite``.
+    """
+    micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
+
+    def micro_grad(p, mb):
+        def f(p):
+            return loss_fn(nnx.merge(graphdef, p, frozen), mb, **totals)
+        (value, metrics), grads = jax.value_and_grad(f, has_aux=True)(p)
+        return value, metrics, grads
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    if num_micro == 1:
+        value, metrics, grads = micro_grad(params, first)
+    else:
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(micro_grad, params, first))
+        weight = {k: 1.0 if k.endswith("loss") else 1.0 / num_micro for k in zeros[1]}
+
+        def body(acc, mb):
+            value, metrics, grads = micro_grad(params, mb)
+            acc_value, acc_metrics, acc_grads = acc
+            return (acc_value + value, {k: acc_metrics[k] + weight[k] * metrics[k] for k in metrics},
+                    jax.tree.map(jnp.add, acc_grads, grads)), None
+
+        (value, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
+    return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+
+
+def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:
+    """Pop ``metrics['nonfinite']`` and raise ``NonFiniteLossError`` if an update was refused."""
+    if metrics.pop("nonfinite") > 0:
+        raise NonFiniteLossError(
+            f"step {step}: the loss or gradient is not finite (loss={metrics['loss']}, "
+            f"grad_norm={metrics['grad_norm']}); the update was not applied")
+
+
+__all__ = ["NonFiniteLossError", "apply_update", "make_optimizer", "optimizer_for", "raise_if_nonfinite"]
