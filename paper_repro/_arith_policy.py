@@ -458,3 +458,68 @@ def run_methods(spec: PolicySpec, model_dir: str, out: str, methods: dict[str, S
             curves[method].append(run_rl(cfg, log=log, label=method))
             write_json(os.path.join(out, "curves.json"), {"seeds": list(seeds), "curves": curves})
     return curves, cfg
+
+
+def write_report(out: str, *, title: str, description: str, table: str, verdict: str, plot_name: str,
+                 total_seconds: float, rl_seconds: float, policy_stats: dict, meta: dict,
+                 log: Callable[[str], None] = print) -> str:
+    """``out/results.md`` (title, setup, table, verdict, run time) plus ``config.json`` /
+    ``environment.json`` (``meta`` and the run times); logs and returns the markdown."""
+    from rljax.reporting import save_run_metadata
+
+    text = "\n".join([
+        title, "", description, "", table, "", verdict, "",
+        f"Run time: {total_seconds / 60:.1f} min in all ({rl_seconds / 60:.1f} min of RL; pretraining "
+        f"{policy_stats.get('sft_seconds', 0) / 60:.1f} min when not cached). Plot: `{plot_name}`.", "",
+    ])
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(text)
+    save_run_metadata(out, {**meta, "policy_stats": {k: v for k, v in policy_stats.items() if k != "samples"},
+                            "run_seconds": round(total_seconds, 1), "rl_seconds": round(rl_seconds, 1)})
+    log(text)
+    return text
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a reproduction's ``main`` starts from: the command line's preset and folders, a logger,
+    the pretrained policy, and the RL overrides every method shares."""
+
+    preset: str
+    out: str
+    p: dict  # the preset's settings
+    seeds: tuple[int, ...]
+    steps: int
+    log: Callable[[str], None]
+    t_start: float
+    spec: PolicySpec
+    model_dir: str
+    policy_stats: dict
+
+    def report(self, *, title: str, description: str, table: str, verdict: str, plot_name: str,
+               rl_seconds: float, meta: dict) -> str:
+        """``write_report`` with this run's preset, seeds, steps, policy and total time."""
+        return write_report(self.out, title=title, description=description, table=table, verdict=verdict,
+                            plot_name=plot_name, total_seconds=time.perf_counter() - self.t_start,
+                            rl_seconds=rl_seconds, policy_stats=self.policy_stats, log=self.log,
+                            meta={"preset": self.preset, "seeds": list(self.seeds), "steps": self.steps,
+                                  "policy_spec": self.spec, **meta})
+
+    def common(self, *extra: str) -> list[str]:
+        """Steps, group, prompts per step, one pass, no KL, the learning rate, then ``extra``."""
+        p = self.p
+        return [f"train.steps={self.steps}", f"algorithm.group_size={p['group']}",
+                f"algorithm.prompts_per_step={p['prompts']}", "algorithm.num_iterations=1",
+                "algorithm.kl_coef=0.0", f"optim.learning_rate={p['lr']}", *extra]
+
+
+def setup(name: str, description: str, argv: Sequence[str] | None, presets: dict[str, dict]) -> Setup:
+    """Parse the command line, open the log, pretrain (or load) the preset's policy."""
+    args = parse_args(name, description, argv)
+    p = dict(presets[args.preset])
+    log = file_logger(args.out)
+    t_start = time.perf_counter()
+    model_dir, stats = pretrain_policy(p["spec"], args.cache, log=log)
+    return Setup(preset=args.preset, out=args.out, p=p, seeds=tuple(args.seeds) if args.seeds else p["seeds"],
+                 steps=args.steps or p["steps"], log=log, t_start=t_start, spec=p["spec"], model_dir=model_dir,
+                 policy_stats=stats)

@@ -40,15 +40,17 @@ not counted in a rerun).
 Deviations from the paper (numbered):
 1. Model and task: a 2-layer, 128-wide byte-level Llama pretrained here on a synthetic addition
    corpus, instead of Qwen2.5-Math-1.5B / 7B on MATH; "long" means 60 tokens, not thousands.
-2. Scale: 60 steps of 8 prompts x 8 samples (the paper: hundreds of steps, 128 prompts x 8);
+2. Scale: 200 steps of 8 prompts x 8 samples (the paper: hundreds of steps, 128 prompts x 8);
    max_new_tokens 64 (so Dr. GRPO's constant is 64, not 3000+).
 3. One update per batch of rollouts (mu = 1, one mini-batch), so the clipped surrogate never clips;
-   no KL term (as the paper's Dr. GRPO runs); learning rate 5e-4 with Adam (clip at grad norm 1).
-4. The learning rate was chosen in one separate 20-step GRPO trial on seed 0 (reward rose, the
-   policy did not collapse), before the measured runs; seeds were not chosen.
+   no KL term (as the paper's Dr. GRPO runs); learning rate 1e-4 with Adam (clip at grad norm 1).
+4. The learning rate was chosen in separate 200-step GRPO trials on seed 100 (not a measured
+   seed), before the measured runs: at 5e-4 the reward fell (0.19 -> 0.13-0.19 over 200 steps),
+   at 1e-4 it rose (0.23 in the first 20 steps -> 0.33). An earlier 60-step default at 5e-4
+   (reward fell under every method) was discarded for that reason. Seeds were not chosen.
 5. One pretrained policy for all seeds: the seeds vary the RL prompt order and sampling only.
-6. Lengths are per step over the 64 sampled completions; the table averages the last 10 steps
-   (final window) and the change from the first 10 steps.
+6. Lengths are per step over the 64 sampled completions; the table averages the last 20 steps
+   (final window) and the change from the first 20 steps.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paper_repro import _arith_policy as ap  # noqa: E402
-from rljax.reporting import markdown_table, mean_std, save_run_metadata  # noqa: E402
+from rljax.reporting import markdown_table, mean_std  # noqa: E402
 
 NAME = "dr_grpo_length_bias"
 
@@ -79,8 +81,8 @@ CLAIMS = {
 }
 
 PRESETS = {
-    "smoke": dict(spec=ap.PolicySpec.smoke(), steps=2, prompts=2, group=4, seeds=(0,), window=1, lr=5e-4),
-    "default": dict(spec=ap.PolicySpec(), steps=60, prompts=8, group=8, seeds=(0, 1, 2), window=10, lr=5e-4),
+    "smoke": dict(spec=ap.PolicySpec.smoke(), steps=2, prompts=2, group=4, seeds=(0,), window=1, lr=1e-4),
+    "default": dict(spec=ap.PolicySpec(), steps=200, prompts=8, group=8, seeds=(0, 1, 2), window=20, lr=1e-4),
     "full": dict(spec=ap.PolicySpec(digits=3, layers=4, hidden=256, heads=8, kv_heads=4, sft_size=20000,
                                     sft_steps=3000, sft_batch=64, sft_lr=1e-3),
                  steps=300, prompts=32, group=8, seeds=(0, 1, 2, 3, 4), window=30, lr=2e-4),
@@ -108,20 +110,11 @@ def verdict(per_seed: dict[str, list[dict]]) -> str:
 
 
 def main(argv=None) -> dict:
-    args = ap.parse_args(NAME, __doc__.splitlines()[0], argv)
-    preset, out = args.preset, args.out
-    p = dict(PRESETS[preset])
-    seeds = tuple(args.seeds) if args.seeds else p["seeds"]
-    steps = args.steps or p["steps"]
-    log = ap.file_logger(out)
-
-    t_start = time.perf_counter()
-    spec = p["spec"]
-    model_dir, policy_stats = ap.pretrain_policy(spec, args.cache, log=log)
+    run = ap.setup(NAME, __doc__.splitlines()[0], argv, PRESETS)
+    preset, out, p, seeds, steps, log = run.preset, run.out, run.p, run.seeds, run.steps, run.log
+    spec, model_dir, policy_stats = run.spec, run.model_dir, run.policy_stats
     t_rl = time.perf_counter()
-    common = [f"train.steps={steps}", f"algorithm.group_size={p['group']}", f"algorithm.prompts_per_step={p['prompts']}",
-              "algorithm.num_iterations=1", "algorithm.mini_batches=1", "algorithm.kl_coef=0.0",
-              f"optim.learning_rate={p['lr']}"]
+    common = run.common("algorithm.mini_batches=1")
     curves, cfg = ap.run_methods(spec, model_dir, out, METHODS, common, seeds, log=log)
     rl_seconds = time.perf_counter() - t_rl
 
@@ -146,33 +139,19 @@ def main(argv=None) -> dict:
                             ("len_incorrect", "length of incorrect (tokens)"), ("len_all", "mean length (tokens)")],
                    plot_path, smooth=max(1, min(5, steps // 4)),
                    title=f"Dr. GRPO length bias, tiny addition policy (mean ± std over {len(seeds)} seeds)")
-    total_seconds = time.perf_counter() - t_start
-    text = "\n".join([
-        f"# Dr. GRPO length bias (arXiv:2503.20783, Fig. 5) — preset `{preset}`",
-        "",
-        f"Tiny byte-level Llama ({spec.layers} layers, width {spec.hidden}) pretrained here on {spec.digits}-digit "
-        f"additions (direct answers or scratchpads in symbols or words); accuracy at temperature 1 before RL "
-        f"{policy_stats['accuracy']:.3f}, mean length {policy_stats['mean_length']:.1f} tokens. "
-        f"{steps} RL steps of {p['prompts']} prompts x {p['group']} samples, max_new_tokens {spec.max_new_tokens}, "
-        f"seeds {list(seeds)}. Values: mean over the last {w} steps, mean ± std over seeds; Δ = last {w} steps "
-        f"minus first {w}. Lengths in tokens (EOS included). \"Worded share\": completions with a line in words "
-        f"(the long style).",
-        "",
-        markdown_table(headers, rows),
-        "",
-        verdict(per_seed),
-        "",
-        f"Run time: {total_seconds / 60:.1f} min in all ({rl_seconds / 60:.1f} min of RL; pretraining "
-        f"{policy_stats.get('sft_seconds', 0) / 60:.1f} min when not cached). Plot: `length_bias.png`.",
-        "",
-    ])
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(text)
-    save_run_metadata(out, {"preset": preset, "seeds": list(seeds), "steps": steps, "window": w,
-                            "policy_spec": spec, "policy_stats": {k: v for k, v in policy_stats.items() if k != "samples"},
-                            "methods": METHODS, "common_overrides": common, "rl_config_example": cfg,
-                            "run_seconds": round(total_seconds, 1), "rl_seconds": round(rl_seconds, 1)})
-    log(text)
+    text = run.report(
+        title=f"# Dr. GRPO length bias (arXiv:2503.20783, Fig. 5) — preset `{preset}`",
+        description=(
+            f"Tiny byte-level Llama ({spec.layers} layers, width {spec.hidden}) pretrained here on {spec.digits}-digit "
+            f"additions (direct answers or scratchpads in symbols or words); accuracy at temperature 1 before RL "
+            f"{policy_stats['accuracy']:.3f}, mean length {policy_stats['mean_length']:.1f} tokens. "
+            f"{steps} RL steps of {p['prompts']} prompts x {p['group']} samples, max_new_tokens {spec.max_new_tokens}, "
+            f"seeds {list(seeds)}. Values: mean over the last {w} steps, mean ± std over seeds; Δ = last {w} steps "
+            f"minus first {w}. Lengths in tokens (EOS included). \"Worded share\": completions with a line in words "
+            f"(the long style)."),
+        table=markdown_table(headers, rows), verdict=verdict(per_seed), plot_name="length_bias.png",
+        rl_seconds=rl_seconds,
+        meta={"window": w, "methods": METHODS, "common_overrides": common, "rl_config_example": cfg})
     return {"out": out, "per_seed": per_seed, "results": text}
 
 
