@@ -506,10 +506,11 @@ class Setup:
                                   "policy_spec": self.spec, **meta})
 
     def common(self, *extra: str) -> list[str]:
-        """Steps, group, prompts per step, one pass, no KL, the learning rate, then ``extra``."""
+        """Steps, group, prompts per step, passes (``iterations``, default 1), no KL, the learning
+        rate, then ``extra``."""
         p = self.p
         return [f"train.steps={self.steps}", f"algorithm.group_size={p['group']}",
-                f"algorithm.prompts_per_step={p['prompts']}", "algorithm.num_iterations=1",
+                f"algorithm.prompts_per_step={p['prompts']}", f"algorithm.num_iterations={p.get('iterations', 1)}",
                 "algorithm.kl_coef=0.0", f"optim.learning_rate={p['lr']}", *extra]
 
 
@@ -523,3 +524,15 @@ def setup(name: str, description: str, argv: Sequence[str] | None, presets: dict
     return Setup(preset=args.preset, out=args.out, p=p, seeds=tuple(args.seeds) if args.seeds else p["seeds"],
                  steps=args.steps or p["steps"], log=log, t_start=t_start, spec=p["spec"], model_dir=model_dir,
                  policy_stats=stats)
+
+
+def clearly_positive(values: Sequence[float]) -> str:
+    """``yes`` when every paired difference is > 0, ``partly`` when their mean exceeds one
+    standard error, else ``no`` (a mean above zero by less than its noise is not a finding)."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if not len(x):
+        return "no"
+    if np.all(x > 0):
+        return "yes"
+    sem = x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.inf
+    return "partly" if x.mean() > sem else "no"

@@ -15,8 +15,9 @@ a tiny byte-level Llama pretrained inside the reproduction (rljax's offline trai
 direct answers and scratchpads with 20 % deliberate slips; right about a quarter of the time at
 temperature 1. Four RL runs per seed from that policy with rljax's online engine
 (`rljax.train.Trainer`), all with DAPO's token-mean loss and group-normalised advantages, sampling
-temperature 1, and 4 mini-batch updates per batch of rollouts (so the policy moves off the
-sampling policy within a step and the clip range matters):
+temperature 1, and 16 updates per batch of rollouts (4 passes over 4 mini-batches, as the
+paper's 16 gradient updates per rollout step: the policy moves off the sampling policy within a
+step, so the clip range can matter):
 
     clip 0.2/0.2             algorithm.epsilon_low=0.2 algorithm.epsilon_high=0.2
     clip-higher 0.2/0.28     algorithm.epsilon_low=0.2 algorithm.epsilon_high=0.28
@@ -41,8 +42,13 @@ RUNTIME_PLACEHOLDER (pretraining is cached; it is counted only when not cached).
 Deviations from the paper (numbered):
 1. Model and task: a 2-layer, 128-wide byte-level Llama pretrained here on synthetic additions,
    instead of Qwen2.5-32B on DAPO-Math-17K; completions of at most 64 tokens.
-2. Scale: 150 steps of 8 prompts x 8 samples, 4 mini-batches of 16 completions per step (the paper:
-   512 prompts x 16 samples, 16 mini-batches, thousands of steps).
+2. Scale: 150 steps of 8 prompts x 8 samples, 4 passes over 4 mini-batches of 16 completions per
+   step (the paper: 512 prompts x 16 samples, one pass over 16 mini-batches, thousands of steps).
+   A first default with one pass (4 updates per step) clipped almost no token (high-clip fraction
+   about 2e-4), so the setting under test never acted; it was replaced by 4 passes for that
+   reason. Its result, for the record: final entropy gap clip-higher minus symmetric 0.002 ±
+   0.016 nats (n=6, no difference); zero-variance share of trained groups 0 with dynamic
+   sampling vs 0.109 ± 0.016 without.
 3. Only the parts under test: token-mean loss throughout, no overlong shaping or filtering, no KL
    term; dynamic sampling draws at most 3 rounds of 8 prompts per step and, if the batch is still
    not full, fills it with zero-variance groups (rljax's rule; the paper samples until full).
@@ -87,11 +93,11 @@ CLAIMS = {
 PRESETS = {
     "smoke": dict(spec=ap.PolicySpec.smoke(), steps=2, prompts=2, group=4, mini_batches=2, seeds=(0,), window=1,
                   lr=1e-4),
-    "default": dict(spec=ap.PolicySpec(), steps=150, prompts=8, group=8, mini_batches=4, seeds=(0, 1, 2), window=20,
-                    lr=1e-4),
+    "default": dict(spec=ap.PolicySpec(), steps=150, prompts=8, group=8, mini_batches=4, iterations=4, seeds=(0, 1, 2),
+                    window=20, lr=1e-4),
     "full": dict(spec=ap.PolicySpec(digits=3, layers=4, hidden=256, heads=8, kv_heads=4, sft_size=20000,
                                     sft_steps=3000, sft_batch=64, sft_lr=1e-3),
-                 steps=300, prompts=64, group=16, mini_batches=16, seeds=(0, 1, 2), window=30, lr=2e-4),
+                 steps=300, prompts=64, group=16, mini_batches=16, iterations=1, seeds=(0, 1, 2), window=30, lr=2e-4),
 }
 
 KEYS = {"entropy": "policy/entropy", "reward": "reward_sampled", "zv_sampled": "sampling/zero_variance_groups",
@@ -108,12 +114,7 @@ def _paired(per_seed, a, b, key):
 def verdict(per_seed: dict[str, list[dict]]) -> str:
     """Claim lines: (a) clip-higher keeps entropy higher; (b) dynamic sampling trains on no flat group."""
     gaps = np.concatenate([_paired(per_seed, HIGH, SYM, "entropy"), _paired(per_seed, HIGH_DS, SYM_DS, "entropy")])
-    if len(gaps) and np.all(gaps > 0):
-        a = "yes"
-    elif len(gaps) and np.nanmean(gaps) > 0:
-        a = "partly"
-    else:
-        a = "no"
+    a = ap.clearly_positive(gaps)
     zv_ds = [s["zv_trained"] for m in (SYM_DS, HIGH_DS) for s in per_seed[m]]
     zv_no = [s["zv_trained"] for m in (SYM, HIGH) for s in per_seed[m]]
     if zv_ds and max(zv_ds) <= 0.02 and np.mean(zv_no) > 0.05:
@@ -162,8 +163,8 @@ def main(argv=None) -> dict:
         description=(
             f"Tiny byte-level Llama ({spec.layers} layers, width {spec.hidden}) pretrained here on {spec.digits}-digit "
             f"additions; accuracy at temperature 1 before RL {policy_stats['accuracy']:.3f}. {steps} RL steps of "
-            f"{p['prompts']} prompts x {p['group']} samples at temperature 1, token-mean loss, {p['mini_batches']} "
-            f"mini-batch updates per step, seeds {list(seeds)}. Values: mean over the last {w} steps, mean ± std over "
+            f"{p['prompts']} prompts x {p['group']} samples at temperature 1, token-mean loss, {p.get('iterations', 1)} "
+            f"passes over {p['mini_batches']} mini-batches per step, seeds {list(seeds)}. Values: mean over the last {w} steps, mean ± std over "
             f"seeds; entropy drop = first {w} steps minus last {w}. Reward: over everything sampled in a step "
             f"(all dynamic-sampling rounds). Zero-variance groups: share of groups whose {p['group']} rewards are equal, "
             f"among the first {p['prompts']} prompts sampled / among the groups the update trained on."),

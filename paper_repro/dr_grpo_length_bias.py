@@ -100,9 +100,10 @@ def verdict(per_seed: dict[str, list[dict]]) -> str:
     similar = abs(np.nanmean(reward_gap)) <= 0.1
     facts = (f"GRPO minus Dr. GRPO, paired by seed: growth of incorrect length {mean_std(growth)} tokens, "
              f"final incorrect length {mean_std(final)} tokens, final reward {mean_std(reward_gap)}")
-    if n and np.all(growth > 0) and np.all(final > 0) and similar:
+    growth_says, final_says = ap.clearly_positive(growth), ap.clearly_positive(final)
+    if growth_says == final_says == "yes" and similar:
         answer = "yes"
-    elif n and np.nanmean(growth) > 0 and np.nanmean(final) > 0:
+    elif "no" not in (growth_says, final_says):
         answer = "partly"
     else:
         answer = "no"
