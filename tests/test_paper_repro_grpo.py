@@ -102,3 +102,12 @@ def test_dapo_smoke(tmp_path, cache):
                 assert r["sampling/rounds"] == 1
                 # without dynamic sampling the trained groups are the sampled ones
                 assert r["zero_variance_trained"] == pytest.approx(r["sampling/zero_variance_groups"])
+
+
+def test_a_verdict_needs_more_than_noise():
+    assert ap.clearly_positive([0.1, 0.2, 0.05]) == "yes"
+    # mean 0.0215 > standard error 0.0105 (std 0.0210 / sqrt 4): a finding, but not in every pair
+    assert ap.clearly_positive([0.015, 0.045, -0.004, 0.03]) == "partly"
+    # mean 0.002 against a standard error of 0.0054: noise
+    assert ap.clearly_positive([0.02, -0.015, 0.001, 0.012, -0.01, 0.004]) == "no"
+    assert ap.clearly_positive([float("nan")]) == "no" and ap.clearly_positive([-1.0]) == "no"
