@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -377,7 +378,8 @@ def plot_curves(curves: dict[str, list[list[dict]]], panels: Sequence[tuple[str,
                 continue
             steps = np.asarray([r["step"] for r in runs[0]])
             values = np.stack([moving_average([r.get(key, np.nan) for r in rows], smooth) for rows in runs])
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a step where no seed has a value: NaN
                 mean = np.nanmean(values, axis=0)
                 std = np.nanstd(values, axis=0) if len(runs) > 1 else np.zeros_like(mean)
             (line,) = ax.plot(steps, mean, label=method)
