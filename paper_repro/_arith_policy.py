@@ -173,13 +173,6 @@ def prompt_rows(spec: PolicySpec) -> list[dict[str, Any]]:
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in evals + train]
 
 
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
 # ---------------------------------------------------------------------------------------------
 # configs
 
@@ -231,6 +224,7 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
     ``spec.json``, ``stats.json`` (accuracy and style mix at temperature 1 on held-out questions,
     SFT time), ``sft_records.jsonl``, ``prompts.jsonl``.
     """
+    from rljax.data.preferences import write_jsonl
     from rljax.models.tiny import make_tiny_model_dir
     from rljax.train_offline import OfflineTrainer
 
@@ -244,8 +238,8 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
     work = os.path.join(root, "work")
     shutil.rmtree(work, ignore_errors=True)
     write_json(os.path.join(root, "spec.json"), dataclasses.asdict(spec))
-    _write_jsonl(os.path.join(root, "sft_records.jsonl"), sft_records(spec))
-    _write_jsonl(os.path.join(root, "prompts.jsonl"), prompt_rows(spec))
+    write_jsonl(sft_records(spec), os.path.join(root, "sft_records.jsonl"))
+    write_jsonl(prompt_rows(spec), os.path.join(root, "prompts.jsonl"))
     init_dir = make_tiny_model_dir(os.path.join(work, "init"), seed=spec.seed, layers=spec.layers,
                                    hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads)
     cfg = sft_config(spec, init_dir, os.path.join(root, "sft_records.jsonl"), os.path.join(work, "sft"))

@@ -218,20 +218,6 @@ def corpus_tokenizer(texts: Sequence[str], vocab_size: int):
     return fast
 
 
-def _init_model_dir(path: Path, tokenizer, settings: PretrainSettings) -> str:
-    """A random tiny Llama with ``tokenizer`` (``rljax.models.tiny.make_tiny_model_dir`` with another tokenizer)."""
-    from rljax.models.config import ModelConfig
-    from rljax.models.hf_io import save_hf_dir
-    from rljax.models.transformer import init_model
-
-    config = ModelConfig(vocab_size=len(tokenizer), hidden_size=settings.hidden, intermediate_size=2 * settings.hidden,
-                         num_layers=settings.layers, num_heads=settings.heads, num_kv_heads=settings.kv_heads,
-                         head_dim=settings.hidden // settings.heads, tie_word_embeddings=True, eos_token_id=2,
-                         bos_token_id=1, pad_token_id=2)
-    save_hf_dir(str(path), init_model(config, seed=settings.seed), tokenizer)
-    return str(path)
-
-
 def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike | None = None,
                        snippets: Sequence[Snippet] | None = None, log=print) -> Path:
     """The reference policy's model directory, trained now unless the cache has it.
@@ -241,6 +227,8 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     Face directory every trainer loads) and ``done.json`` (settings, steps, time, held-out NLL).
     """
     from rljax.config import from_yaml
+    from rljax.data.preferences import write_jsonl
+    from rljax.models.tiny import make_tiny_model_dir
     from rljax.reporting import write_json
     from rljax.run_config import RunConfig
     from rljax.train_offline import OfflineTrainer
@@ -259,13 +247,13 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     train = prompt_response_pairs(snippets, settings, held_out=False)
     evals = prompt_response_pairs(snippets, settings, held_out=True)[:256]
     for name, rows in (("train", train), ("eval", evals)):
-        with open(root / f"{name}_records.jsonl", "w") as f:
-            for r in rows:
-                f.write(json.dumps({"prompt": r["prompt"], "response": r["response"], "score": 1.0}) + "\n")
+        write_jsonl([{"prompt": r["prompt"], "response": r["response"], "score": 1.0} for r in rows],
+                    root / f"{name}_records.jsonl")
     t0 = time.perf_counter()
     tokenizer = corpus_tokenizer([s.text for s in snippets if not is_held_out(s.id, settings.held_out_fraction)],
                                  settings.vocab_size)
-    init_dir = _init_model_dir(root / "init", tokenizer, settings)
+    init_dir = make_tiny_model_dir(root / "init", seed=settings.seed, layers=settings.layers, hidden=settings.hidden,
+                                   heads=settings.heads, kv_heads=settings.kv_heads, tokenizer=tokenizer)
     cfg = from_yaml(RunConfig, f"""
 model: {{name: {init_dir}}}
 data: {{task: "", path: {root / 'train_records.jsonl'}, chat: false, max_prompt_length: 32, too_long: filter,

@@ -196,7 +196,7 @@ class Sampler:
         self.ids = np.repeat(enc.input_ids, repeats, axis=0)  # [P*repeats, W], prompt-major
         self.mask = np.repeat(enc.attention_mask, repeats, axis=0)
         self.batch_rows = batch_rows
-        self.config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(2,),
+        self.config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tokenizer.eos_token_id,),
                                      pad_token_id=pad_token_id(tokenizer))
 
     def __call__(self, policy, key, *, ref=None) -> dict[str, Any]:

@@ -41,9 +41,14 @@ def byte_tokenizer():
 
 
 def make_tiny_model_dir(path, *, seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 4,
-                        kv_heads: int = 2, intermediate: int | None = None, value_head: bool = False) -> str:
-    """Write a random tiny Llama (byte tokenizer, tied embeddings) to ``path``; returns the path."""
-    tokenizer = byte_tokenizer()
+                        kv_heads: int = 2, intermediate: int | None = None, value_head: bool = False,
+                        tokenizer=None) -> str:
+    """Write a random tiny Llama (tied embeddings) to ``path``; returns the path.
+
+    ``tokenizer``: :func:`byte_tokenizer` by default; another must keep its special ids 0-2
+    (``<|endoftext|>``, ``<|im_start|>`` = BOS, ``<|im_end|>`` = EOS and padding).
+    """
+    tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
     config = ModelConfig(vocab_size=len(tokenizer), hidden_size=hidden,
                          intermediate_size=intermediate or 2 * hidden, num_layers=layers, num_heads=heads,
                          num_kv_heads=kv_heads, head_dim=hidden // heads, tie_word_embeddings=True,
