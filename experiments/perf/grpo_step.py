@@ -36,6 +36,9 @@ characters / 256), so the groups have non-zero advantages and the whole loss run
   ``OMP_WAIT_POLICY=PASSIVE`` (see ``sampler.py``: spinning OpenMP workers on a shared 2-core machine
   made torch 5-10x slower). The first step of each side is a warm-up (rljax: the compiles) and is not
   counted; the median of the rest is reported.
+- Both: the glibc malloc settings rljax applies on import (``rljax/host_memory.py``: freed memory
+  stays in the process, so large buffers are not page-faulted in again on every call); the TRL child
+  applies them too (it imports only ``rljax.host_memory``, no JAX) unless ``--trl-default-malloc``.
 - Each side runs in its own child process, one after the other, so the peak RSS of each is its own
   (rljax: one policy copy + a reference copy + AdamW state + XLA buffers; TRL: policy, reference
   model, AdamW, torch autograd buffers).
@@ -56,6 +59,7 @@ Run (from the repository root; needs the `bench` extra: torch, accelerate, trl):
     python experiments/perf/grpo_step.py --json runs/perf/grpo_step.json
     python experiments/perf/grpo_step.py --side rljax --steps 3
     python experiments/perf/grpo_step.py --smoke                 # rljax only, 8 tokens, 1 timed step
+    python experiments/perf/grpo_step.py --side trl --trl-default-malloc   # TRL as it runs by default
 
 Where JAX sees a GPU, the rljax side also runs there (its own child, float32) and the table gets a
 row with its step time and MFU against a float32 matmul measured on that GPU in the same child.
@@ -169,6 +173,7 @@ def run_rljax(args) -> dict:
 
     from rljax import sampling, train
     from rljax.config import from_yaml
+    from rljax.host_memory import keep_host_memory
     from rljax.run_config import RunConfig
 
     device = jax.devices()[0]
@@ -247,7 +252,7 @@ def run_rljax(args) -> dict:
         "matmul_peak_gflops": max(all_peaks.values()), "load_s": load_s,
         "compiles": {"sampler_traces": sampling.trace_count(), "update": train._update._cache_size(),
                      "score_tokens": train._score_tokens._cache_size()},
-        "peak_rss_mib": peak_rss_mib(), "environment": environment(),
+        "peak_rss_mib": peak_rss_mib(), "environment": environment(), "malloc_settings": keep_host_memory(),
     }
     if platform != "cpu":
         stats = device.memory_stats() or {}
@@ -272,6 +277,12 @@ def trl_settings(args, output_dir: str) -> dict:
 
 
 def run_trl(args) -> dict:
+    # The same glibc malloc settings rljax applies on import (rljax/host_memory.py; JAX-free), so both
+    # sides run on the same allocator unless --trl-default-malloc: torch's large CPU tensors page-fault
+    # through fresh mmaps as XLA's buffers did.
+    from rljax.host_memory import keep_host_memory
+
+    malloc_kept = False if args.trl_default_malloc else keep_host_memory()
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -279,7 +290,8 @@ def run_trl(args) -> dict:
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
-    print(f"# TRL side: torch {torch.__version__}, threads {threads}, load average {_load_average()}", flush=True)
+    print(f"# TRL side: torch {torch.__version__}, threads {threads}, rljax's malloc settings {malloc_kept}, "
+          f"load average {_load_average()}", flush=True)
 
     def torch_matmul_gflops(rows, k, n, trials=3, min_seconds=0.5):
         x, w = torch.randn(rows, k), torch.randn(k, n)
@@ -384,7 +396,7 @@ def run_trl(args) -> dict:
         "torch_matmul_gflops_after": peaks_after, "load_s": load_s, "settings": settings,
         "logs": [lg for lg in timer.logs if "loss" in lg], "peak_rss_mib": _peak_rss_mib(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        "load_average": _load_average(),
+        "load_average": _load_average(), "malloc_settings": malloc_kept,
     }
 
 
@@ -419,6 +431,9 @@ def run_child(args, side: str, platform: str = "cpu") -> dict:
         if args.trl_gradient_checkpointing:
             cmd.append("--trl-gradient-checkpointing")
         env = dict(os.environ)
+        if side == "trl" and args.trl_default_malloc:
+            cmd.append("--trl-default-malloc")
+            env["RLJAX_KEEP_HOST_MEMORY"] = "0"  # rljax.host_memory applies its settings on import
         if side == "rljax":
             env["JAX_PLATFORMS"] = platform
         else:
@@ -438,6 +453,8 @@ def parse_args(argv=None):
     parser.add_argument("--no-gpu", action="store_true", help="do not run the rljax side on a GPU even if JAX sees one")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="TRL's default (recompute activations in the backward); off by default, like rljax")
+    parser.add_argument("--trl-default-malloc", action="store_true",
+                        help="run TRL on glibc's default malloc settings instead of the ones rljax applies")
     parser.add_argument("--hf-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "rljax", "perf",
                                                          f"{MODEL_NAME}-float32-hf"),
                         help="where the converted Hugging Face directory for TRL is cached")
