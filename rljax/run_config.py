@@ -25,6 +25,9 @@ class ModelSection:
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    # true: training and scoring passes loop over the layers (lax.scan) instead of unrolling them;
+    # compiles faster for deep models, ran the CPU update ~10% slower (rljax/models/transformer.py)
+    scan_layers: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

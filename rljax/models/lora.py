@@ -26,7 +26,7 @@ def add_lora(model: Transformer, *, rank: int, alpha: float = 16.0, targets=LORA
     param_dtype = model.embed[...].dtype
     new = abstract_model(model.config, param_dtype=param_dtype, dtype=model.dtype,
                          value_head=model.value_head is not None, lora_rank=rank, lora_alpha=alpha,
-                         lora_targets=tuple(targets))
+                         lora_targets=tuple(targets), scan_layers=model.scan_layers)
     graphdef, state = nnx.split(new)
     full = nnx.to_pure_dict(state)
     key = jax.random.key(seed)

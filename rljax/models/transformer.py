@@ -1,7 +1,12 @@
 """Decoder-only transformer of the Llama family (Llama, Mistral, Qwen2, Qwen3) in Flax NNX.
 
 The layers' parameters are stacked along a leading ``layers`` axis and the blocks run under
-``jax.lax.scan``, so a 30-layer model compiles as fast as a 1-layer one. Every parameter carries
+``jax.lax.scan``. A full-sequence pass without a cache (training, scoring) unrolls that scan unless
+``model.scan_layers`` is True: on the 2-core CPU the GRPO update of SmolLM2-135M took 4.7 s unrolled
+against 5.2-5.3 s under the loop (the loop stacks every layer's activations for the backward pass
+and slices its weights out each iteration), for 8 s more compile time. A rolled loop compiles as
+fast for 30 layers as for one; set ``scan_layers = True`` for deep models whose compile time
+matters more. The KV-cached prefill always loops; decoding has its own unrolled step. Every parameter carries
 logical axis names (``Param.logical_axes``) that ``rljax.sharding`` maps to mesh axes.
 
 Padding is on the left. Positions come from the attention mask (the first real token of a row is
@@ -164,10 +169,12 @@ class Transformer(nnx.Module):
         lora_rank: int = 0,
         lora_alpha: float = 16.0,
         lora_targets: tuple[str, ...] = LORA_TARGETS,
+        scan_layers: bool = False,
     ):
         self.config = config
         self.lora_scale = lora_alpha / lora_rank if lora_rank else 0.0
         self.dtype = dtype
+        self.scan_layers = scan_layers  # static: a rolled layer loop in forward without a cache
         c = config
         L, D, H, KVH, hd, F, V = (
             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
@@ -261,6 +268,7 @@ class Transformer(nnx.Module):
                 lambda h, lp: (self._block(h, lp, positions, None, None, key_mask, query_slots, 0)[0], None),
                 x,
                 layers,
+                unroll=1 if self.scan_layers else self.config.num_layers,
             )
             new_cache = None
         else:
