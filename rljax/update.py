@@ -107,11 +107,17 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
         (value, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+
+    def step(state):
+        p, o = state
+        updates, o = optimizer.update(grads, o, p)
+        return optax.apply_updates(p, updates), o
+
+    # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and AdamW state
+    # (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond, as without a guard).
+    new_params, new_opt_state = jax.lax.cond(finite, step, lambda state: state, (params, opt_state))
     metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
-    return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+    return new_params, new_opt_state, metrics
 
 
 def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:

@@ -1,0 +1,99 @@
+"""The shared optimizer step (rljax.update.apply_update) and the layer loop it differentiates.
+
+- A finite step equals a hand-written value_and_grad + optax AdamW step.
+- A NaN loss leaves the parameters and the AdamW state exactly as they were and flags it.
+- Unrolled layers (the default) and ``scan_layers=True`` give the same logits and gradients,
+  and LoRA copies keep the setting.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rljax.models.config import ModelConfig
+from rljax.models.lora import add_lora
+from rljax.models.transformer import init_model
+from rljax.update import apply_update
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2,
+                  head_dim=8)
+IDS = jnp.asarray([[3, 4, 5, 6, 7, 8], [0, 0, 9, 10, 11, 12]])
+MASK = jnp.asarray([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+
+
+def _loss(model, batch, *, scale):
+    logits = model(batch["ids"], batch["mask"])
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, batch["ids"][:, 1:, None], axis=-1)[..., 0]
+    return -(picked * batch["mask"][:, 1:]).sum() * scale, {"tokens": batch["mask"].sum().astype(jnp.float32)}
+
+
+def _setup(scale):
+    graphdef, params, frozen = nnx.split(init_model(CFG, seed=0), nnx.Param, ...)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+    opt_state = optimizer.init(params)
+    step = jax.jit(functools.partial(apply_update, graphdef, loss_fn=functools.partial(_loss, scale=scale),
+                                     totals={}, optimizer=optimizer, num_micro=1))
+    return graphdef, params, frozen, optimizer, opt_state, step
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_a_finite_step_equals_value_and_grad_then_adamw():
+    graphdef, params, frozen, optimizer, opt_state, step = _setup(scale=1.0)
+    batch = {"ids": IDS, "mask": MASK}
+    new_params, new_opt_state, metrics = step(params, frozen, opt_state, batch)
+
+    def f(p):
+        return _loss(nnx.merge(graphdef, p, frozen), batch, scale=1.0)[0]
+
+    value, grads = jax.value_and_grad(f)(params)
+    updates, want_opt_state = optimizer.update(grads, opt_state, params)
+    want_params = optax.apply_updates(params, updates)
+    for got, want in zip(_leaves(new_params) + _leaves(new_opt_state), _leaves(want_params) + _leaves(want_opt_state)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert float(metrics["nonfinite"]) == 0.0
+    np.testing.assert_allclose(float(metrics["loss"]), float(value), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-5)
+    assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(_leaves(new_params), _leaves(params)))  # it moved
+
+
+def test_a_nan_loss_leaves_parameters_and_optimizer_state_unchanged():
+    graphdef, params, frozen, optimizer, opt_state, step = _setup(scale=float("nan"))
+    before = _leaves(params) + _leaves(opt_state)
+    new_params, new_opt_state, metrics = step(params, frozen, opt_state, {"ids": IDS, "mask": MASK})
+    assert float(metrics["nonfinite"]) == 1.0
+    for got, want in zip(_leaves(new_params) + _leaves(new_opt_state), before):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_unrolled_and_scanned_layers_agree_in_logits_and_gradients():
+    unrolled = init_model(CFG, seed=0)
+    scanned = init_model(CFG, seed=0, scan_layers=True)
+    assert not unrolled.scan_layers and scanned.scan_layers
+    np.testing.assert_allclose(np.asarray(scanned(IDS, MASK)), np.asarray(unrolled(IDS, MASK)), rtol=1e-5, atol=1e-5)
+
+    def grads(model):
+        graphdef, params, frozen = nnx.split(model, nnx.Param, ...)
+        return jax.grad(lambda p: _loss(nnx.merge(graphdef, p, frozen), {"ids": IDS, "mask": MASK}, scale=1.0)[0])(
+            params)
+
+    for got, want in zip(_leaves(grads(scanned)), _leaves(grads(unrolled))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert add_lora(scanned, rank=2).scan_layers and not add_lora(unrolled, rank=2).scan_layers
+
+
+def test_unrolling_removes_the_layer_loop_from_the_program():
+    def while_loops(model):
+        graphdef, state = nnx.split(model)
+        hlo = jax.jit(lambda s: nnx.merge(graphdef, s)(IDS, MASK)).lower(state).as_text()
+        return hlo.count("stablehlo.while")
+
+    assert while_loops(init_model(CFG, seed=0, scan_layers=True)) == 1
+    assert while_loops(init_model(CFG, seed=0)) == 0
