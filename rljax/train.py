@@ -96,8 +96,8 @@ class Trainer:
         self.cfg = cfg
         os.makedirs(cfg.train.run_dir, exist_ok=True)
         dtype = jnp.bfloat16 if cfg.model.dtype == "bfloat16" else jnp.float32
-        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=online.shared_value_head(cfg.algorithm))
-        model.scan_layers = cfg.model.scan_layers
+        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=online.shared_value_head(cfg.algorithm),
+                                     scan_layers=cfg.model.scan_layers)
         if cfg.model.lora_rank:
             model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                              targets=cfg.model.lora_targets, seed=cfg.train.seed)
@@ -135,8 +135,7 @@ class Trainer:
         """PPO's separate critic: its own transformer with a value head (fully fine-tuned), optimizer."""
         a, optim = self.cfg.algorithm, self.cfg.optim
         name = a.critic_model or self.cfg.model.name
-        critic, tokenizer = load(name, dtype=dtype, value_head=True)
-        critic.scan_layers = self.cfg.model.scan_layers
+        critic, tokenizer = load(name, dtype=dtype, value_head=True, scan_layers=self.cfg.model.scan_layers)
         if tokenizer.get_vocab() != self.tokenizer.get_vocab():
             raise ValueError(f"algorithm.critic_model={name!r} has another tokenizer than model.name="
                              f"{self.cfg.model.name!r}; the critic reads the policy's tokens, so they must match")

@@ -189,8 +189,8 @@ class OfflineTrainer:
         self.cfg, self.algo, o = cfg, cfg.algorithm.name, cfg.offline
         os.makedirs(cfg.train.run_dir, exist_ok=True)
         dtype = jnp.bfloat16 if cfg.model.dtype == "bfloat16" else jnp.float32
-        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=self.algo == "reward_model")
-        model.scan_layers = cfg.model.scan_layers
+        model, self.tokenizer = load(cfg.model.name, dtype=dtype, value_head=self.algo == "reward_model",
+                                     scan_layers=cfg.model.scan_layers)
         if cfg.model.lora_rank:
             model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                              targets=cfg.model.lora_targets, seed=cfg.train.seed)

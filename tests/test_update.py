@@ -14,8 +14,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rljax.models import load
 from rljax.models.config import ModelConfig
 from rljax.models.lora import add_lora
+from rljax.models.tiny import make_tiny_model_dir
 from rljax.models.transformer import init_model
 from rljax.update import apply_update
 
@@ -97,3 +99,9 @@ def test_unrolling_removes_the_layer_loop_from_the_program():
 
     assert while_loops(init_model(CFG, seed=0, scan_layers=True)) == 1
     assert while_loops(init_model(CFG, seed=0)) == 0
+
+
+def test_load_sets_the_layer_loop(tmp_path):
+    make_tiny_model_dir(str(tmp_path))
+    assert load(str(tmp_path))[0].scan_layers is False
+    assert load(str(tmp_path), scan_layers=True)[0].scan_layers is True

@@ -22,11 +22,14 @@ def load(
     dtype=jnp.float32,
     param_dtype=None,
     value_head: bool = False,
+    scan_layers: bool = False,
 ):
     """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face directory.
 
     ``dtype`` is the compute dtype; ``param_dtype`` (default: ``dtype``) the storage dtype.
     ``value_head=True`` adds a scalar value head (zero-initialised unless the directory has one).
+    ``scan_layers=True`` loops over the layers in training and scoring passes instead of unrolling
+    them (``Transformer``).
     """
     from transformers import AutoTokenizer
 
@@ -41,6 +44,9 @@ def load(
         config = ModelConfig.from_hf_dict(checkpoint.hf_config)
         params = params_from_hf_state_dict(config, checkpoint.state_dict)
         model = model_from_params(config, params, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-        return model, checkpoint.tokenizer
-    model = load_hf_dir(resolved.path, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-    return model, AutoTokenizer.from_pretrained(resolved.path)
+        tokenizer = checkpoint.tokenizer
+    else:
+        model = load_hf_dir(resolved.path, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    model.scan_layers = scan_layers  # static execution setting, no parameter
+    return model, tokenizer

@@ -2,12 +2,13 @@
 
 The layers' parameters are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``. A full-sequence pass without a cache (training, scoring) unrolls that scan unless
-``model.scan_layers`` is True: on the 2-core CPU the GRPO update of SmolLM2-135M took 4.7 s unrolled
+``scan_layers`` is True: on the 2-core CPU the GRPO update of SmolLM2-135M took 4.7 s unrolled
 against 5.2-5.3 s under the loop (the loop stacks every layer's activations for the backward pass
 and slices its weights out each iteration), for 8 s more compile time. A rolled loop compiles as
-fast for 30 layers as for one; set ``scan_layers = True`` for deep models whose compile time
-matters more. The KV-cached prefill always loops; decoding has its own unrolled step. Every parameter carries
-logical axis names (``Param.logical_axes``) that ``rljax.sharding`` maps to mesh axes.
+fast for 30 layers as for one; set ``scan_layers=True`` (``load``, config ``model.scan_layers``)
+for deep models whose compile time matters more. The KV-cached prefill always loops; decoding has
+its own unrolled step. Every parameter carries logical axis names (``Param.logical_axes``) that
+``rljax.sharding`` maps to mesh axes.
 
 Padding is on the left. Positions come from the attention mask (the first real token of a row is
 position 0), and padded keys are masked out, so a padded row's logits equal those of the row alone.
