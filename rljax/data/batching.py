@@ -12,6 +12,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from rljax.batches import pad_sequences
 from rljax.buckets import bucket_sizes
 
 
@@ -92,14 +93,8 @@ def tokenize_prompts(
                 )
             continue
         kept.append(i)
-    longest = max((len(token_lists[i]) for i in kept), default=0)
-    width = next(b for b in bucket_sizes if b >= longest)
-    input_ids = np.full((len(kept), width), pad, dtype=np.int32)
-    attention_mask = np.zeros((len(kept), width), dtype=np.int32)
-    for row, i in enumerate(kept):
-        ids = token_lists[i]
-        input_ids[row, width - len(ids):] = ids
-        attention_mask[row, width - len(ids):] = 1
+    input_ids, attention_mask = pad_sequences([token_lists[i] for i in kept], side="left", pad_id=pad,
+                                              buckets=bucket_sizes)
     return TokenizedPrompts(input_ids, attention_mask, np.asarray(kept, dtype=np.int64),
                             len(token_lists) - len(kept))
 
