@@ -1,4 +1,17 @@
-"""Token rows into arrays: the one padding helper.
+"""Typed batches (pytree dataclasses) and the one padding helper.
+
+Every array a loss reads is a field of one of three batch types, documented here once. They are
+``flax.struct`` dataclasses: pytrees (``jax.tree.map``, ``jit``, slicing by rows all work) whose
+optional fields are ``None`` when an algorithm does not use them. One vocabulary everywhere:
+``prompt_*`` (left-padded) and ``completion_*`` (right-padded) tokens; ``completion_mask`` = the
+token exists; ``loss_mask`` = the token counts in the loss; ``row_mask`` = the row counts (a real
+row whose rewards were scored); totals are ``num_rows``, ``num_tokens``, ``max_length``.
+
+==================  ======================================================================
+``RolloutBatch``    online RL (GRPO, PPO, RLOO, REINFORCE++): ``R = prompts × G`` sampled rows
+``PairBatch``       preference pairs / ranked lists (DPO, reward models): ``B`` prompts × ``K``
+``RecordBatch``     scored records (AWR, RWR, filtered BC): ``B`` prompt, response, weight
+==================  ======================================================================
 
     ids, mask = pad_sequences([[5, 6, 7], [8]], side="left", pad_id=0)          # [2, 3]
     ids, mask = pad_sequences(rows, side="right", pad_id=0, buckets=(16, 24, 32))  # width bucketed
@@ -13,7 +26,91 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
+import flax.struct
+import jax
 import numpy as np
+
+Array = jax.Array | np.ndarray
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+    """``R`` sampled completions, example-major (row ``i`` belongs to group ``i // G``).
+
+    prompt_ids, prompt_mask     ``[R, P]`` int32, left-padded
+    completion_ids              ``[R, N]`` int32, right-padded
+    completion_mask             ``[R, N]`` int32, 1 up to and including the stop token
+    loss_mask                   ``[R, N]`` int32, completion_mask less rows left out of the loss
+                                (failed rewards; truncated rows with ``mask_truncated``)
+    old_logprobs                ``[R, N]`` float32, the sampler's log-probs (behaviour policy)
+    scores                      ``[R]`` float32, the weighted reward total (0 where it failed)
+    row_mask                    ``[R]`` bool, False where a reward function failed
+    finished                    ``[R]`` bool, the row emitted a stop token
+    ref_logprobs                ``[R, N]`` reference log-probs (when KL enters), else None
+    old_values                  ``[R, N]`` value estimates before the update (PPO), else None
+    advantages                  ``[R, N]`` (filled by the algorithm's ``advantages``)
+    returns                     ``[R, N]`` value targets (PPO), else None
+    """
+
+    prompt_ids: Array
+    prompt_mask: Array
+    completion_ids: Array
+    completion_mask: Array
+    loss_mask: Array
+    old_logprobs: Array
+    scores: Array
+    row_mask: Array
+    finished: Array
+    ref_logprobs: Array | None = None
+    old_values: Array | None = None
+    advantages: Array | None = None
+    returns: Array | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.prompt_ids.shape[0]
+
+
+@flax.struct.dataclass
+class PairBatch:
+    """``B`` prompts with ``K`` completions each: pairs (``K = 2``, chosen first) or ranked lists
+    (best first).
+
+    prompt_ids, prompt_mask         ``[B, P]`` int32, left-padded
+    completion_ids, completion_mask ``[B, K, N]`` int32, right-padded
+    completion_valid                ``[B, K]`` int32, the completion exists (ranked lists may be short)
+    row_mask                        ``[B]`` int32, a real row (evaluation pads its last batch)
+    margin                          ``[B]`` float32 preference strength (Bradley–Terry margin, ODPO
+                                    offset before scaling), else None
+    ref_logps                       ``[B, K]`` float32 summed reference log-probs (DPO), else None
+    """
+
+    prompt_ids: Array
+    prompt_mask: Array
+    completion_ids: Array
+    completion_mask: Array
+    completion_valid: Array
+    row_mask: Array
+    margin: Array | None = None
+    ref_logps: Array | None = None
+
+
+@flax.struct.dataclass
+class RecordBatch:
+    """``B`` logged ``(prompt, completion, score)`` records and their weights.
+
+    prompt_ids, prompt_mask         ``[B, P]`` int32, left-padded
+    completion_ids, completion_mask ``[B, N]`` int32, right-padded
+    row_mask                        ``[B]`` int32, a real row
+    weight                          ``[B]`` float32 per-record weight (constant of the data)
+    """
+
+    prompt_ids: Array
+    prompt_mask: Array
+    completion_ids: Array
+    completion_mask: Array
+    row_mask: Array
+    weight: Array
 
 
 def pad_sequences(
@@ -57,4 +154,4 @@ def pad_sequences(
     return ids, mask
 
 
-__all__ = ["pad_sequences"]
+__all__ = ["PairBatch", "RecordBatch", "RolloutBatch", "pad_sequences"]

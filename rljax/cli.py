@@ -120,9 +120,9 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="run an RL training job from a YAML config",
-        description="Train with the algorithm the config names: online grpo, ppo, rloo; offline dpo, "
-        "reward_model, offline (scored records). Every config field is "
-        "documented in rljax/run_config.py; override any of them as dotted KEY=VALUE arguments, e.g. "
+        description="Train with the algorithm the config names: online grpo, ppo, rloo, reinforce_pp; offline "
+        "dpo, reward_model, records (scored records). Every config field is documented in rljax/run_config.py "
+        "and the algorithm's module (rljax/algorithms/NAME.py); override any of them as dotted KEY=VALUE arguments, e.g. "
         "optim.learning_rate=1e-5 train.steps=10. Metrics go to RUN_DIR/metrics.jsonl, samples to "
         "RUN_DIR/samples.jsonl, checkpoints to RUN_DIR/checkpoints.",
     )
@@ -136,14 +136,14 @@ def _add_train(sub) -> None:
 def _train(args) -> int:
     from rljax.config import load_config
     from rljax.run_config import RunConfig
-    from rljax.train_offline import trainer_for
+    from rljax.training import trainer_for
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     start = time.perf_counter()
-    trainer = trainer_for(cfg, resume=args.resume)  # online Trainer or OfflineTrainer, by algorithm.name
+    trainer = trainer_for(cfg, resume=args.resume)  # online or offline, as the algorithm declares
     summary = trainer.fit()
     _print_eval(summary)
-    steps = getattr(trainer, "total_steps", cfg.train.steps)
+    steps = trainer.total_steps
     print(f"# {cfg.algorithm.name}: trained {steps} steps in {time.perf_counter() - start:.0f} s; "
           f"run dir {cfg.train.run_dir}")
     if summary.get("model_dir"):
@@ -170,17 +170,17 @@ def _add_eval(sub) -> None:
 def _eval(args) -> int:
     from rljax.config import load_config
     from rljax.run_config import RunConfig
-    from rljax.train_offline import trainer_for
+    from rljax.training import trainer_for
 
     overrides = list(args.overrides)
     if args.checkpoint:
         overrides.append(f"train.run_dir={args.checkpoint}")
     cfg = load_config(RunConfig, args.config, overrides)
-    extra = {"evaluate_only": True} if cfg.algorithm.is_offline else {}
+    extra = {} if cfg.is_online else {"evaluate_only": True}
     trainer = trainer_for(cfg, resume=bool(args.checkpoint), write_config=False, **extra)
     results = trainer.evaluate()
     label = f"checkpoint {args.checkpoint} (step {trainer.step})" if args.checkpoint else f"base model {cfg.model.name}"
-    if cfg.algorithm.is_offline:
+    if not cfg.is_online:
         print(f"# {label}, {cfg.algorithm.name}, {len(trainer.eval_set)} held-out rows")
     else:
         print(f"# {label}, {len(trainer.eval_examples)} held-out prompts")

@@ -3,96 +3,109 @@
 Wiring only; the losses (sigmoid DPO arXiv:2305.18290, cDPO / label smoothing, robust DPO
 arXiv:2403.00409, IPO arXiv:2310.12036, hinge / SLiC arXiv:2305.10425, SimPO arXiv:2405.14734,
 reference-free) live in ``rljax.losses.preference.preference_loss`` and are picked by
-``offline.loss_type`` / ``offline.reference_free``.
+``loss_type`` / ``reference_free``.
 
-With a margin column (``offline.margin_column``) the sigmoid loss becomes ODPO, DPO with an offset
-(Amini, Vieira & Cotterell 2024, arXiv:2402.10571): ``−log σ(βΔ − Δ_r)`` with the per-pair offset
-``Δ_r = α · margin`` (``α = offline.odpo_alpha``; the paper uses ``margin = log(s⁺ − s⁻)`` of the
-two responses' scores). The chosen response must then beat the rejected one by more where the
-preference is stronger. Other loss types have no published offset form and refuse a margin column.
+With ``margin_column`` the sigmoid loss becomes ODPO, DPO with an offset (Amini, Vieira &
+Cotterell 2024, arXiv:2402.10571): ``−log σ(βΔ − α · margin)`` (``α = odpo_alpha``; the paper uses
+``margin = log(s⁺ − s⁻)``): the chosen response must win by more where the preference is stronger.
 
-A batch holds ``B`` pairs (``K = 2`` responses each, chosen first):
-
-* ``prompt_ids``, ``prompt_mask`` ``[B, P]`` left-padded;
-* ``response_ids``, ``response_mask`` ``[B, 2, N]`` right-padded (``[:, 0]`` chosen, ``[:, 1]`` rejected);
-* ``ref_logps`` ``[B, 2]``: summed reference log-probs, computed once before training and cached
-  (``offline.precompute_ref_logprobs``; the reference model is then not kept) or per batch from a
-  live reference;
-* ``row_mask`` ``[B]``: 1 for a real pair (evaluation pads its last batch);
-* ``margin`` ``[B]`` (with ``offline.margin_column``): the ODPO offset before scaling by ``α``.
-
-Chosen and rejected go through the model in one forward pass of ``2B`` rows.
+Batches are ``PairBatch`` es with ``K = 2`` (chosen first) and ``ref_logps [B, 2]``: the summed
+reference log-probs, cached once before training (``precompute_ref_logprobs``; no reference copy of
+the model is kept) or computed per batch from a live reference. Chosen and rejected go through the
+model in one forward pass of ``2B`` rows.
 """
 
 from __future__ import annotations
 
-import jax
+import dataclasses
+from typing import Literal, Optional
+
 import jax.numpy as jnp
 
-from rljax.logprobs import completion_logprobs
+from rljax.algorithms import _offline
+from rljax.algorithms.base import OfflineAlgorithm
+from rljax.batches import PairBatch
 from rljax.losses.preference import preference_loss
-from rljax.run_config import OfflineSection
 
 
-def flatten_responses(batch: dict) -> tuple[jnp.ndarray, ...]:
-    """``[B, P]`` prompts and ``[B, K, N]`` responses as ``B·K`` rows (row ``b·K + k``)."""
-    B, K, N = batch["response_ids"].shape
-    prompt_ids = jnp.repeat(batch["prompt_ids"], K, axis=0)
-    prompt_mask = jnp.repeat(batch["prompt_mask"], K, axis=0)
-    return prompt_ids, prompt_mask, batch["response_ids"].reshape(B * K, N), batch["response_mask"].reshape(B * K, N)
+@dataclasses.dataclass(frozen=True)
+class DPOConfig(_offline.OfflineSettings):
+    name: Literal["dpo"] = "dpo"
+    chosen_column: str = "chosen"
+    rejected_column: str = "rejected"
+    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo"] = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0  # sigmoid / cdpo / robust / simpo epsilon
+    simpo_gamma: Optional[float] = None  # SimPO's target margin (null: 0.5); simpo only
+    reference_free: bool = False  # reference log-probs taken as 0
+    margin_column: Optional[str] = None  # ODPO: per-pair preference strength (sigmoid, no smoothing)
+    odpo_alpha: Optional[float] = None  # ODPO: offset = odpo_alpha * margin (null: 1.0); with margin_column
+    precompute_ref_logprobs: bool = True  # cache reference log-probs once (no reference copy in memory)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        limit = 0.5 if self.loss_type == "robust" else 1.0
+        if not 0.0 <= self.label_smoothing < limit:
+            raise ValueError(f"label_smoothing must be in [0, {limit}) for loss_type={self.loss_type}, "
+                             f"got {self.label_smoothing}")
+        if self.label_smoothing and self.loss_type in ("ipo", "hinge"):
+            raise ValueError(f"label_smoothing does nothing with loss_type={self.loss_type}")
+        if self.simpo_gamma is not None and self.loss_type != "simpo":
+            raise ValueError(f"simpo_gamma is a setting of loss_type=simpo, not {self.loss_type}")
+        if self.odpo_alpha is not None and not self.margin_column:
+            raise ValueError("odpo_alpha is used only with margin_column (ODPO's offset)")
+        if self.odpo_alpha is not None and self.odpo_alpha < 0:
+            raise ValueError(f"odpo_alpha must be >= 0, got {self.odpo_alpha}")
+        if self.margin_column and (self.loss_type != "sigmoid" or self.label_smoothing):
+            raise ValueError(f"margin_column with DPO is ODPO's offset (arXiv:2402.10571), published for "
+                             f"loss_type=sigmoid without label smoothing; got loss_type={self.loss_type}, "
+                             f"label_smoothing={self.label_smoothing}")
 
 
-def sequence_logps(model, batch: dict) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Summed log-probs ``[B, K]`` of each response and its token count ``[B, K]``: one forward pass."""
-    B, K, _ = batch["response_ids"].shape
-    prompt_ids, prompt_mask, ids, mask = flatten_responses(batch)
-    logprobs = completion_logprobs(model, prompt_ids, prompt_mask, ids, mask)["logprobs"]  # [B·K, N]
-    valid = mask != 0
-    summed = jnp.sum(jnp.where(valid, logprobs, jnp.zeros_like(logprobs)), axis=-1)
-    return summed.reshape(B, K), jnp.sum(valid, axis=-1).reshape(B, K).astype(jnp.float32)
-
-
-def needs_reference(cfg: OfflineSection) -> bool:
+def needs_reference(cfg: DPOConfig) -> bool:
     """Whether the loss reads reference log-probs (not for SimPO or reference-free DPO)."""
     return not (cfg.reference_free or cfg.loss_type == "simpo")
 
 
-def batch_totals(batch: dict, cfg: OfflineSection) -> dict:
+def totals(batch: PairBatch, cfg: DPOConfig) -> dict:
     """Global denominators of a batch (before it is split into micro-batches)."""
-    return {"num_pairs": jnp.maximum(jnp.sum(batch["row_mask"] != 0, dtype=jnp.float32), 1.0)}
+    return {"num_rows": jnp.maximum(jnp.sum(batch.row_mask != 0, dtype=jnp.float32), 1.0)}
 
 
-def pair_loss(logps, lengths, ref_logps, row_mask, cfg: OfflineSection, *, margin=None, num_pairs=None):
-    """``preference_loss`` of ``[B, 2]`` policy and reference log-probs, as the config says.
-
-    ``margin`` ``[B]`` (used when ``cfg.margin_column`` is set): ODPO's offset ``Δ_r = α · margin``
-    (module docstring). ``preference_loss`` has no offset argument, so it enters as a constant
-    shift of the chosen log-prob by ``−Δ_r / β`` (``β(Δ − Δ_r/β) = βΔ − Δ_r``: the same loss and
-    gradient); the metrics (``rewards/*``, ``logps/*``) come from the unshifted log-probs, and
-    ``preference/loss`` is the ODPO loss.
-    """
-    def call(chosen_logps):
-        return preference_loss(
-            chosen_logps, logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
-            loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma,
-            chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free,
-            mask=row_mask, num_pairs=num_pairs)
-
-    if margin is None or not cfg.margin_column:
-        return call(logps[:, 0])
-    if cfg.loss_type != "sigmoid" or cfg.label_smoothing:
-        raise ValueError("a DPO margin (ODPO offset) needs loss_type=sigmoid without label smoothing, got "
-                         f"loss_type={cfg.loss_type!r}, label_smoothing={cfg.label_smoothing}")
-    offset = cfg.odpo_alpha * jax.lax.stop_gradient(margin.astype(logps.dtype))
-    loss, _ = call(logps[:, 0] - offset / cfg.beta)
-    _, metrics = call(logps[:, 0])
-    metrics = {**metrics, "preference/loss": loss,
-               "odpo/offset_mean": jnp.sum(jnp.where(row_mask != 0, offset, 0.0)) / jnp.maximum(jnp.sum(row_mask != 0), 1)}
-    return loss, metrics
+def pair_loss(logps, lengths, ref_logps, row_mask, cfg: DPOConfig, *, margin=None, num_rows=None):
+    """``preference_loss`` of ``[B, 2]`` policy and reference log-probs, as ``cfg`` says; ``margin
+    [B]`` is ODPO's offset before scaling by ``odpo_alpha`` (used with ``cfg.margin_column``)."""
+    offset = None
+    if cfg.margin_column and margin is not None:
+        offset = (1.0 if cfg.odpo_alpha is None else cfg.odpo_alpha) * margin.astype(logps.dtype)
+    if not needs_reference(cfg):
+        ref_logps = jnp.zeros_like(logps)
+    return preference_loss(
+        logps[:, 0], logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
+        loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
+        simpo_gamma=0.5 if cfg.simpo_gamma is None else cfg.simpo_gamma, chosen_lengths=lengths[:, 0],
+        rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free, mask=row_mask, num_pairs=num_rows,
+        offset=offset)
 
 
-def loss(model, batch: dict, cfg: OfflineSection, *, num_pairs):
-    """``(loss, metrics)`` of one micro-batch; ``num_pairs`` is the whole batch's pair count."""
-    logps, lengths = sequence_logps(model, batch)
-    return pair_loss(logps, lengths, batch["ref_logps"], batch["row_mask"], cfg, margin=batch.get("margin"),
-                     num_pairs=num_pairs)
+def loss(model, batch: PairBatch, cfg: DPOConfig, *, num_rows):
+    """``(loss, metrics)`` of one micro-batch; ``num_rows`` is the whole batch's pair count."""
+    logps, lengths = _offline.sequence_logps(model, batch)
+    return pair_loss(logps, lengths, batch.ref_logps, batch.row_mask, cfg, margin=batch.margin, num_rows=num_rows)
+
+
+def evaluate(scores, lengths, data, cfg: DPOConfig) -> dict:
+    """The DPO objective and its metrics (accuracy, margins, log-probs) on a held-out split."""
+    margin = data.values.get("margin")
+    ref = data.values.get("ref_logps")  # absent when the loss reads no reference
+    ref = jnp.zeros(scores.shape, jnp.float32) if ref is None else jnp.asarray(ref)
+    loss_value, metrics = pair_loss(jnp.asarray(scores), jnp.asarray(lengths), ref,
+                                    jnp.ones((len(data),), jnp.int32), cfg,
+                                    margin=None if margin is None else jnp.asarray(margin))
+    return {"loss": loss_value, **metrics}
+
+
+ALGORITHM = OfflineAlgorithm(name="dpo", config=DPOConfig, data_kind=lambda cfg: "pairs", loss=loss, totals=totals,
+                             score=_offline.sequence_logps, evaluate=evaluate, needs_reference=needs_reference)

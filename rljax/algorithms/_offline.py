@@ -1,0 +1,67 @@
+"""What the offline algorithms (DPO, reward models, scored records) share: batching settings and
+the no-gradient scoring of every completion of a ``PairBatch``.
+
+Wiring only; each algorithm module subclasses :class:`OfflineSettings` for its config section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+import jax.numpy as jnp
+
+from rljax.batches import PairBatch
+from rljax.logprobs import completion_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineSettings:
+    """Batches, passes and completion handling of every offline algorithm."""
+
+    batch_size: int = 8  # pairs / ranked lists / records per optimizer step
+    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole batch
+    epochs: Optional[float] = None  # train this many passes over the train split (null: train.steps)
+    eval_batch_size: int = 16
+    max_completion_length: int = 128  # tokens, EOS included
+    completion_too_long: Literal["error", "filter", "truncate"] = "truncate"
+    append_eos: bool = True  # end each completion with the tokenizer's EOS (the model learns to stop)
+    # a row that lacks a column, has an empty completion or chosen == rejected
+    invalid_rows: Literal["error", "drop"] = "error"  # drop: counted (data/dropped_*) and skipped
+    save_model: bool = True  # write RUN_DIR/model (a Hugging Face directory, LoRA merged)
+
+    @property
+    def num_micro(self) -> int:
+        return self.batch_size // (self.micro_batch_size or self.batch_size)
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("batch_size and eval_batch_size must be >= 1")
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0 (or null: train.steps), got {self.epochs}")
+        if self.max_completion_length < 1:
+            raise ValueError("max_completion_length must be >= 1")
+
+
+def flatten(batch: PairBatch) -> tuple[jnp.ndarray, ...]:
+    """``[B, P]`` prompts and ``[B, K, N]`` completions as ``B·K`` rows (row ``b·K + k``)."""
+    B, K, N = batch.completion_ids.shape
+    prompt_ids = jnp.repeat(batch.prompt_ids, K, axis=0)
+    prompt_mask = jnp.repeat(batch.prompt_mask, K, axis=0)
+    return prompt_ids, prompt_mask, batch.completion_ids.reshape(B * K, N), batch.completion_mask.reshape(B * K, N)
+
+
+def lengths(batch: PairBatch) -> jnp.ndarray:
+    """``[B, K]`` float32 token counts of every completion."""
+    return jnp.sum(batch.completion_mask != 0, axis=-1).astype(jnp.float32)
+
+
+def sequence_logps(model, batch: PairBatch) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Summed log-probs ``[B, K]`` of each completion and its token count ``[B, K]``: one forward pass."""
+    B, K, _ = batch.completion_ids.shape
+    prompt_ids, prompt_mask, ids, mask = flatten(batch)
+    logprobs = completion_logprobs(model, prompt_ids, prompt_mask, ids, mask)["logprobs"]  # [B·K, N]
+    summed = jnp.sum(jnp.where(mask != 0, logprobs, jnp.zeros_like(logprobs)), axis=-1)
+    return summed.reshape(B, K), lengths(batch)

@@ -1,0 +1,129 @@
+"""What the online algorithms (GRPO, PPO, RLOO, REINFORCE++) share: their common settings, the
+rollout batch's totals and the clipped policy loss wired to the model.
+
+Wiring only: the maths is ``rljax.losses.policy`` and ``rljax.advantages``. Each online algorithm
+module (``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``) subclasses :class:`OnlineSettings` (and
+:class:`ClipSettings` when it trains with the clipped surrogate) for its config section and
+exports an :class:`rljax.algorithms.base.OnlineAlgorithm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+import jax
+import jax.numpy as jnp
+
+from rljax import advantages as adv
+from rljax.batches import RolloutBatch
+from rljax.logprobs import completion_logprobs
+from rljax.losses.policy import policy_gradient_loss
+
+Reduction = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineSettings:
+    """How many completions a step samples and how they are consumed (every online algorithm)."""
+
+    group_size: int = 4  # completions per prompt (G)
+    prompts_per_step: int = 4
+    num_iterations: int = 1  # mu: passes over each batch of rollouts
+    mini_batches: int = 1  # optimizer steps per pass
+    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole mini-batch
+    reduction: Reduction = "seq_mean_token_mean"  # rljax.losses.reduce
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0  # KL to the reference (where it enters: the algorithm's docstring)
+    # DAPO
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal; sample more
+    max_sampling_rounds: int = 3
+    mask_truncated: bool = False  # leave completions that hit max_new_tokens out of the loss
+
+    @property
+    def rows(self) -> int:
+        return self.group_size * self.prompts_per_step
+
+    @property
+    def num_micro(self) -> int:
+        """Micro-batches per mini-batch."""
+        mini = self.rows // self.mini_batches
+        return mini // (self.micro_batch_size or mini)
+
+    def validate(self) -> None:
+        if self.group_size < 1 or self.prompts_per_step < 1:
+            raise ValueError("group_size and prompts_per_step must be >= 1")
+        if self.num_iterations < 1 or self.mini_batches < 1 or self.micro_batch_size < 0:
+            raise ValueError("num_iterations and mini_batches must be >= 1, micro_batch_size >= 0")
+        if self.rows % self.mini_batches:
+            raise ValueError(f"mini_batches ({self.mini_batches}) must divide the rows per step ({self.rows})")
+        mini = self.rows // self.mini_batches
+        if self.micro_batch_size and mini % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the mini-batch ({mini})")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipSettings(OnlineSettings):
+    """The clipped surrogate's settings (PPO-clip, clip-higher, dual clip, GSPO's sequence ratio)."""
+
+    ratio_level: Literal["token", "sequence"] = "token"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2  # > epsilon_low: DAPO's clip-higher (0.28)
+    dual_clip: Optional[float] = None  # c of the dual clip for A < 0 (e.g. 3.0); null = off
+
+    def validate(self) -> None:
+        super().validate()
+        if self.epsilon_low < 0 or self.epsilon_high < 0:
+            raise ValueError("epsilon_low and epsilon_high must be >= 0")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (or null = off), got {self.dual_clip}")
+
+
+def totals(batch: RolloutBatch) -> dict:
+    """Global denominators of a mini-batch (before it is split into micro-batches)."""
+    mask = batch.loss_mask
+    return dict(num_rows=jnp.maximum((mask.sum(-1) > 0).sum(), 1), num_tokens=jnp.maximum(mask.sum(), 1),
+                max_length=mask.shape[1])
+
+
+def policy_logprobs(model, batch: RolloutBatch, cfg: OnlineSettings, *, temperature: float, with_values: bool = False):
+    """The policy's log-probs (and entropy, values) of the batch's completion tokens, one forward pass."""
+    out = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.loss_mask,
+                              temperature=temperature, with_entropy=True, with_values=with_values)
+    if not cfg.entropy_coef:
+        # logged only: XLA does not drop 0 * entropy, so without this the backward pass would run
+        # through the [B, N, V] entropy computation for nothing.
+        out["entropy"] = jax.lax.stop_gradient(out["entropy"])
+    return out
+
+
+def clipped_loss(out: dict, batch: RolloutBatch, cfg: ClipSettings, *, num_rows, num_tokens, max_length,
+                 kl_in_loss: bool = False, kl_estimator: str = "k3", reduction: str | None = None):
+    """``policy_gradient_loss`` of the policy's ``out`` on ``batch`` with ``cfg``'s clip settings;
+    the KL term enters the loss only when ``kl_in_loss`` (GRPO); ``reduction`` defaults to ``cfg``'s."""
+    kl = kl_in_loss and cfg.kl_coef > 0
+    return policy_gradient_loss(
+        out["logprobs"], batch.old_logprobs, batch.advantages, batch.loss_mask,
+        ratio_level=cfg.ratio_level, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+        dual_clip=cfg.dual_clip, entropy=out["entropy"], entropy_coef=cfg.entropy_coef,
+        ref_logprobs=batch.ref_logprobs if kl else None, kl_coef=cfg.kl_coef if kl else 0.0,
+        kl_estimator=kl_estimator, reduction=reduction or cfg.reduction, num_sequences=num_rows, num_tokens=num_tokens,
+        max_length=max_length,
+    )
+
+
+def sequence_kl_scores(batch: RolloutBatch, cfg, *, estimator: str) -> jax.Array:
+    """``[R]`` scores with the KL in the reward at sequence level, ``R_i = score_i − β Σ_t k_t``
+    (TRL ``RLOOTrainer``); the scores alone when ``kl_coef`` is 0."""
+    scores = jnp.where(batch.row_mask, batch.scores, 0.0)
+    if not cfg.kl_coef:
+        return scores
+    mask = batch.loss_mask.astype(jnp.float32)
+    token_rewards = adv.kl_shaped_rewards(scores, batch.old_logprobs, batch.ref_logprobs, mask,
+                                          kl_coef=cfg.kl_coef, estimator=estimator)
+    return (token_rewards * mask).sum(axis=-1)

@@ -1,0 +1,94 @@
+"""The one algorithm interface: what an algorithm declares so that a trainer can run it without
+branching on its name.
+
+An algorithm is one module under ``rljax/algorithms/`` exporting ``ALGORITHM``, an
+:class:`OnlineAlgorithm` or an :class:`OfflineAlgorithm`, and its config section (a frozen
+dataclass with ``name: Literal["<name>"]``: the ``algorithm:`` section of a run config holds only
+the settings that algorithm uses). ``rljax.algorithms.ALGORITHMS`` maps names to them.
+
+An online step (``rljax.training.online``)::
+
+    rollouts (sampler + rewards) -> RolloutBatch
+      -> reference log-probs        if needs_reference(cfg)
+      -> old values                 if value_head(cfg) is "shared" (policy's head) or "separate" (critic)
+      -> advantages(batch, cfg)     fills batch.advantages (and batch.returns)
+      -> num_iterations × mini_batches updates of loss(model, batch, cfg, temperature=, **totals(batch))
+         (+ critic_loss on the critic's own parameters when value_head(cfg) == "separate")
+
+An offline step (``rljax.training.offline``)::
+
+    rows of kind data_kind(cfg) ("pairs", "ranked" or "records") -> prepare(set, cfg) -> batches
+      -> reference log-probs cached once  if needs_reference(cfg)
+      -> one update of loss(model, batch, cfg, **totals(batch, cfg))
+    evaluation: score(...) of every held-out completion (no gradient), then evaluate(scores, ...)
+
+Adding an algorithm: one module with its config section and ``ALGORITHM``, one line in
+``rljax/algorithms/__init__.py``, a config in ``configs/`` and its tests. No trainer changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal, Optional
+
+ValueHead = Optional[Literal["shared", "separate"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineAlgorithm:
+    """An online RL algorithm: rollouts -> advantages -> loss.
+
+    Attributes:
+      name: the ``algorithm.name`` that selects it.
+      config: its config section class.
+      advantages: ``(RolloutBatch, cfg) -> RolloutBatch`` with ``advantages`` (and ``returns``) set.
+      loss: ``(model, RolloutBatch, cfg, *, temperature, num_rows, num_tokens, max_length) ->
+        (loss, metrics)`` of one micro-batch; totals are the mini-batch's (global denominators).
+      needs_reference: ``cfg -> bool``: the batch needs ``ref_logprobs`` (a KL term is on).
+      value_head: ``cfg -> None | "shared" | "separate"``: where value estimates come from.
+      critic_loss: with a separate critic, ``(critic_model, batch, cfg, **totals) -> (loss, metrics)``.
+    """
+
+    name: str
+    config: type
+    advantages: Callable[..., Any]
+    loss: Callable[..., Any]
+    needs_reference: Callable[[Any], bool]
+    value_head: Callable[[Any], ValueHead] = lambda cfg: None
+    critic_loss: Callable[..., Any] | None = None
+    online: bool = dataclasses.field(default=True, init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineAlgorithm:
+    """An offline algorithm: a fixed data set -> batches -> loss.
+
+    Attributes:
+      name, config: as :class:`OnlineAlgorithm`.
+      data_kind: ``cfg -> "pairs" | "ranked" | "records"``: the rows it reads.
+      loss: ``(model, batch, cfg, **totals) -> (loss, metrics)`` of one micro-batch.
+      totals: ``(batch, cfg) -> dict`` of the whole batch's denominators.
+      score: ``(model, batch) -> (scores [B, K], lengths [B, K])``, no gradient: summed log-probs
+        (``"logps"``) or rewards, what ``evaluate`` and the reference cache read.
+      evaluate: ``(scores [n, K], lengths [n, K], data: EncodedSet, cfg) -> metrics`` on a held-out
+        split (the training objective and its metrics, from the same loss functions).
+      needs_reference: ``cfg -> bool``: ``batch.ref_logps`` (summed reference log-probs) is read.
+      value_head: the model carries a scalar head (reward models).
+      prepare: ``(EncodedSet, cfg, split) -> (EncodedSet, counts)``: per-row constants computed
+        once (record weights); ``None`` = nothing to prepare.
+    """
+
+    name: str
+    config: type
+    data_kind: Callable[[Any], str]
+    loss: Callable[..., Any]
+    totals: Callable[..., dict]
+    score: Callable[..., Any]
+    evaluate: Callable[..., dict]
+    needs_reference: Callable[[Any], bool] = lambda cfg: False
+    value_head: bool = False
+    prepare: Callable[..., Any] | None = None
+    online: bool = dataclasses.field(default=False, init=False)
+
+
+__all__ = ["OfflineAlgorithm", "OnlineAlgorithm", "ValueHead"]

@@ -1,0 +1,104 @@
+"""A run's data: train and held-out rows, by one rule for online and offline runs.
+
+    train, evals, counts = online_examples(cfg)          # prompts (+ answers) for online RL
+    train, evals, counts = offline_rows(cfg, kind)       # pairs / ranked lists / scored records
+
+With ``data.path`` the held-out split is ``data.eval_path`` if given, else the prompts that
+:func:`split_by_prompt` holds out (a hash of ``(train.seed, prompt)`` below ``data.eval_fraction``;
+every row of one prompt stays in one split; at most ``data.eval_size`` held-out rows). With
+``data.task`` the task's own train / eval splits are used (offline rows are then built from them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljax.data.loading import load_records
+from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
+from rljax.data.records import load_scored_records, records_from_task
+from rljax.data.tasks import make_task, question_split
+from rljax.run_config import RunConfig
+
+
+def split_by_prompt(rows: list[dict], *, eval_fraction: float, eval_size: int, seed: int) -> tuple[list, list]:
+    """Train / held-out rows: a prompt is held out when a hash of (seed, its key) falls below
+    ``eval_fraction``; held-out prompts beyond ``eval_size`` rows go back to train. All rows of a
+    prompt (``row["key"]``) stay in one split."""
+    if eval_fraction <= 0:
+        return list(rows), []
+    sizes: dict[str, int] = {}
+    for r in rows:
+        if question_split(r["key"], task="offline", seed=seed, eval_fraction=eval_fraction) == "eval":
+            sizes[r["key"]] = sizes.get(r["key"], 0) + 1
+    eval_keys, count = set(), 0
+    for key, n in sizes.items():
+        if count + n > eval_size:
+            break
+        eval_keys.add(key)
+        count += n
+    return [r for r in rows if r["key"] not in eval_keys], [r for r in rows if r["key"] in eval_keys]
+
+
+def _split_path(cfg: RunConfig, read) -> tuple[list, list, dict[str, int]]:
+    d = cfg.data
+    rows, counts = read(d.path)
+    if d.eval_path:
+        evals, eval_counts = read(d.eval_path)
+        counts = {**counts, **{f"eval_{k}": v for k, v in eval_counts.items()}}
+        evals = evals[: d.eval_size] if d.eval_size else evals
+        train = rows
+    else:
+        train, evals = split_by_prompt(rows, eval_fraction=d.eval_fraction, eval_size=d.eval_size, seed=cfg.train.seed)
+    return (train[: d.train_size] if d.train_size else train), evals, counts
+
+
+def _task_splits(cfg: RunConfig) -> tuple[list, list]:
+    d, seed = cfg.data, cfg.train.seed
+    options = dict(d.task_options)
+    train = make_task(d.task, split="train", size=d.train_size, seed=seed, **options)
+    evals = make_task(d.task, split="eval", size=d.eval_size, seed=seed, **options) if d.eval_size else []
+    return train, evals
+
+
+def online_examples(cfg: RunConfig) -> tuple[list[dict], list[dict], dict[str, int]]:
+    """Train and held-out examples (``prompt``, ``answer`` when known) of an online run."""
+    d = cfg.data
+    if not d.path:
+        train, evals = _task_splits(cfg)
+        return train, evals, {}
+
+    def read(source):
+        rows = load_records(source, prompt_column=d.prompt_column, answer_column=d.answer_column or None)
+        return [dict(r, key=prompt_key(r["prompt"])) for r in rows], {"rows": len(rows)}
+
+    return _split_path(cfg, read)
+
+
+def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dict[str, int]]:
+    """Train and held-out rows of ``kind`` (``"pairs"``, ``"ranked"``, ``"records"``) and counts."""
+    d, a, seed = cfg.data, cfg.algorithm, cfg.train.seed
+    if not d.path:
+        train_ex, eval_ex = _task_splits(cfg)
+        if kind == "pairs":
+            return pairs_from_task(train_ex, seed=seed), pairs_from_task(eval_ex, seed=seed + 1), {}
+        if kind == "ranked":
+            return (ranked_from_task(train_ex, num_responses=a.task_responses, seed=seed),
+                    ranked_from_task(eval_ex, num_responses=a.task_responses, seed=seed + 1), {})
+        return (records_from_task(train_ex, responses_per_prompt=a.task_responses, seed=seed),
+                records_from_task(eval_ex, responses_per_prompt=a.task_responses, seed=seed + 1), {})
+
+    def read(source) -> tuple[list[dict], dict[str, Any]]:
+        if kind == "pairs":
+            return load_preference_pairs(source, prompt_column=d.prompt_column, chosen_column=a.chosen_column,
+                                         rejected_column=a.rejected_column, margin_column=a.margin_column,
+                                         invalid=a.invalid_rows)
+        if kind == "ranked":
+            return load_ranked_lists(source, prompt_column=d.prompt_column, ranked_column=a.ranked_column,
+                                     invalid=a.invalid_rows)
+        return load_scored_records(source, prompt_column=d.prompt_column, response_column=a.response_column,
+                                   score_column=a.score_column, invalid=a.invalid_rows)
+
+    return _split_path(cfg, read)
+
+
+__all__ = ["offline_rows", "online_examples", "split_by_prompt"]

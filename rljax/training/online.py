@@ -1,0 +1,277 @@
+"""Online RL: sample, score, compute advantages, update. Any ``OnlineAlgorithm`` (GRPO, PPO, RLOO,
+REINFORCE++), with no branch on its name.
+
+    trainer = OnlineTrainer(cfg)        # build_run + prompts + rewards
+    summary = trainer.fit()             # rljax.training.loop.fit
+
+One step, top to bottom (:meth:`OnlineTrainer.step_once`): prompts -> ``rljax.rollout.rollout``
+(sampler with the current policy, decode, rewards; DAPO's dynamic sampling resamples flat groups)
+-> ``RolloutBatch`` -> reference log-probs (if the algorithm needs them) and old values (its value
+head or separate critic) -> ``algorithm.advantages`` -> :func:`update_epochs`: the
+``num_iterations × mini_batches`` optimizer updates of ``algorithm.loss`` (each the jitted
+``rljax.update.apply_update``: micro-batch gradient accumulation with the mini-batch's global
+totals, AdamW, a refusal to apply a non-finite update), plus the critic's on each mini-batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax import rng
+from rljax.algorithms import get as get_algorithm
+from rljax.algorithms._policy_gradient import totals as rollout_totals
+from rljax.batches import RolloutBatch
+from rljax.data.batching import PromptIterator, pad_token_id
+from rljax.logprobs import completion_logprobs, completion_values
+from rljax.rewards.base import build_rewards
+from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, stop_token_ids
+from rljax.run_config import RunConfig
+from rljax.sampling import SamplingConfig
+from rljax.training import loop
+from rljax.training.data import online_examples
+from rljax.training.run import build_run
+from rljax.update import apply_update, raise_if_nonfinite
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "temperature",
+                                             "num_micro"),
+                   donate_argnames=("params", "opt_state"))
+def policy_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
+                  temperature: float, num_micro: int):
+    """One policy optimizer step on a mini-batch split into ``num_micro`` micro-batches:
+    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals."""
+    loss_fn = functools.partial(get_algorithm(algorithm).loss, cfg=cfg, temperature=temperature)
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
+                        optimizer=optimizer, num_micro=num_micro)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "num_micro"),
+                   donate_argnames=("params", "opt_state"))
+def critic_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
+                  num_micro: int):
+    """One optimizer step of a separate critic (the algorithm's ``critic_loss``) on a mini-batch."""
+    loss_fn = functools.partial(get_algorithm(algorithm).critic_loss, cfg=cfg)
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
+                        optimizer=optimizer, num_micro=num_micro)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
+def score_logprobs(graphdef, params, frozen, batch: RolloutBatch, *, temperature: float):
+    """Log-probs ``[R, N]`` of the rollout's completion tokens under ``params``: no gradient."""
+    return completion_logprobs(nnx.merge(graphdef, params, frozen), batch.prompt_ids, batch.prompt_mask,
+                               batch.completion_ids, batch.completion_mask, temperature=temperature)["logprobs"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def score_values(graphdef, params, frozen, batch: RolloutBatch):
+    """Value estimates ``[R, N]`` of the rollout's completion tokens (value head): no gradient."""
+    return completion_values(nnx.merge(graphdef, params, frozen), batch.prompt_ids, batch.prompt_mask,
+                             batch.completion_ids, batch.completion_mask)
+
+
+def rollout_batch(roll: Rollout, *, mask_truncated: bool) -> RolloutBatch:
+    """The ``RolloutBatch`` of a scored rollout: rows whose reward failed (and, with
+    ``mask_truncated``, rows that never stopped) are left out of the loss."""
+    row_mask = np.asarray(roll.row_mask, bool)
+    keep = row_mask & (np.asarray(roll.finished, bool) if mask_truncated else True)
+    loss_mask = roll.completion_mask * keep[:, None].astype(np.int32)
+    return jax.tree.map(jnp.asarray, RolloutBatch(
+        prompt_ids=roll.prompt_ids, prompt_mask=roll.prompt_mask, completion_ids=roll.completion_ids,
+        completion_mask=roll.completion_mask, loss_mask=loss_mask, old_logprobs=roll.logprobs,
+        scores=np.asarray(roll.scores, np.float32), row_mask=row_mask, finished=np.asarray(roll.finished, bool)))
+
+
+class OnlineTrainer:
+    """A run (``rljax.training.run.Run``) plus prompts, rewards and the algorithm."""
+
+    log_keys = ("reward/total/mean", "loss")
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True):
+        self.algorithm = get_algorithm(cfg.algorithm.name)
+        if not self.algorithm.online:
+            raise ValueError(f"{cfg.algorithm.name} is an offline algorithm (rljax.training.offline.OfflineTrainer)")
+        a = cfg.algorithm
+        value_head = self.algorithm.value_head(a)
+        self.run = build_run(
+            cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
+            total_updates=cfg.train.steps * a.num_iterations * a.mini_batches,
+            critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
+            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config)
+        self.cfg, self.total_steps = cfg, cfg.train.steps
+        tokenizer, d, s = self.run.tokenizer, cfg.data, cfg.sampling
+        self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg)
+        self.rewards = build_rewards(cfg.rewards)
+        self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
+        if self.run.restored_metadata is not None:
+            self.iterator.load_state_dict(self.run.restored_metadata["data"])
+        self.prompt_format = PromptFormat(chat=d.chat, system_prompt=d.system_prompt,
+                                          assistant_prefix=d.assistant_prefix, max_prompt_length=d.max_prompt_length,
+                                          too_long=d.too_long)
+        stop, pad = stop_token_ids(tokenizer, self.run.model_config), pad_token_id(tokenizer)
+        self.sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                                       top_p=s.top_p, stop_token_ids=stop, ignore_eos=s.ignore_eos, pad_token_id=pad)
+        self.eval_sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.eval_temperature,
+                                            stop_token_ids=stop, ignore_eos=s.ignore_eos, pad_token_id=pad)
+        self.sample_stream = rng.stream(cfg.train.seed, "sample")
+        self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
+        self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
+
+    @property
+    def step(self) -> int:
+        return self.run.step
+
+    def fit(self) -> dict:
+        return loop.fit(self)
+
+    # ------------------------------------------------------------------ rollouts
+    def sample(self, examples: list[dict], key, *, repeats: int, evaluation: bool = False) -> Rollout:
+        """``repeats`` completions per example with the current policy, scored; rows example-major."""
+        return rollout(self.run.policy.split, self.run.tokenizer, examples, key,
+                       sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
+                       repeats=repeats, rewards=self.rewards)
+
+    def rollouts(self, key) -> tuple[Rollout, dict[str, float]]:
+        """One step's rollouts: G completions for each of ``prompts_per_step`` prompts.
+
+        With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and more
+        prompts are sampled (up to ``max_sampling_rounds`` rounds); if the batch is still not full,
+        the remaining places are filled with dropped groups (their advantages are zero).
+        """
+        a = self.cfg.algorithm
+        G = a.group_size
+        groups, dropped = [], []
+        stats = {"sampling/rounds": 0.0, "sampling/zero_variance_groups": 0.0}
+        for round_ in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
+            examples = [self.train_examples[i] for i in self.iterator.next_indices()]
+            roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=G)
+            stats["sampling/rounds"] += 1
+            for g in range(len(roll.texts) // G):
+                rows = np.arange(g * G, (g + 1) * G)
+                scores = roll.scores[rows][roll.row_mask[rows]]
+                flat = len(scores) == 0 or np.ptp(scores) == 0
+                stats["sampling/zero_variance_groups"] += float(flat) if round_ == 0 else 0.0
+                (dropped if (a.dynamic_sampling and flat) else groups).append(roll.take(rows))
+            if len(groups) >= a.prompts_per_step:
+                break
+        stats["sampling/zero_variance_groups"] /= a.prompts_per_step
+        return concat_rollouts((groups + dropped)[: a.prompts_per_step]), stats
+
+    # ------------------------------------------------------------------ one step
+    def step_once(self) -> dict[str, float]:
+        """Rollouts -> advantages -> updates; advances ``step``. Raises ``NonFiniteLossError``
+        (leaving the state as before the refused update) if an update was not finite."""
+        cfg, a, run = self.cfg, self.cfg.algorithm, self.run
+        t0 = time.perf_counter()
+        roll, metrics = self.rollouts(rng.step_key(self.sample_stream, run.step))
+        t_sample = time.perf_counter() - t0
+        batch = rollout_batch(roll, mask_truncated=a.mask_truncated)
+        temperature = cfg.sampling.temperature
+        t1 = time.perf_counter()
+        if self.algorithm.needs_reference(a):
+            batch = batch.replace(ref_logprobs=score_logprobs(run.policy.graphdef, run.reference(), run.policy.frozen,
+                                                              batch, temperature=temperature))
+        value_head = self.algorithm.value_head(a)
+        if value_head is not None:
+            values_of = run.critic if value_head == "separate" else run.policy
+            batch = batch.replace(old_values=score_values(*values_of.split, batch))
+        batch = self.algorithm.advantages(batch, a)
+        jax.block_until_ready(batch)
+        t_ref = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        metrics.update(self.update_epochs(batch))
+        t_update = time.perf_counter() - t2
+        metrics.update(roll.reward_metrics)
+        metrics.update({
+            "completion/mean_length": float(roll.completion_mask.sum(-1).mean()),
+            "completion/stopped_frac": float(np.mean(roll.finished)),
+            "time/sample_s": t_sample, "time/ref_and_values_s": t_ref, "time/update_s": t_update,
+        })
+        raise_if_nonfinite(metrics, run.step)
+        self.last_rollouts = roll
+        run.step += 1
+        return metrics
+
+    def update_epochs(self, batch: RolloutBatch) -> dict[str, float]:
+        """The step's ``num_iterations × mini_batches`` optimizer updates (mini-batches drawn by a
+        seeded permutation per pass); returns the metrics averaged over them."""
+        a, run = self.cfg.algorithm, self.run
+        rows = batch.num_rows
+        mb_rows = rows // a.mini_batches
+        perm_key = rng.step_key(rng.stream(self.cfg.train.seed, "minibatch"), run.step)
+        updates = []
+        for it in range(a.num_iterations):
+            order = np.asarray(jax.random.permutation(jax.random.fold_in(perm_key, it), rows)) \
+                if a.mini_batches > 1 else np.arange(rows)
+            for m in range(a.mini_batches):
+                idx = order[m * mb_rows : (m + 1) * mb_rows]
+                mb = jax.tree.map(lambda x: x[idx], batch)
+                p = run.policy
+                p.params, p.opt_state, um = policy_update(
+                    p.graphdef, p.params, p.frozen, p.opt_state, mb, optimizer=p.optimizer, algorithm=a.name, cfg=a,
+                    temperature=self.cfg.sampling.temperature, num_micro=a.num_micro)
+                if run.critic is not None:
+                    c = run.critic
+                    c.params, c.opt_state, cm = critic_update(
+                        c.graphdef, c.params, c.frozen, c.opt_state, mb, optimizer=c.optimizer, algorithm=a.name,
+                        cfg=a, num_micro=a.num_micro)
+                    renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
+                    um = {**um, **{renamed.get(k, k): v for k, v in cm.items()},
+                          "nonfinite": jnp.maximum(um["nonfinite"], cm["nonfinite"])}
+                updates.append(jax.device_get(um))
+        return {k: float(np.mean([float(u[k]) for u in updates])) for k in updates[0]}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
+        """Greedy (by default) completions on held-out prompts: mean of each reward, length."""
+        examples = self.eval_examples if examples is None else examples
+        key = rng.stream(self.cfg.train.seed, "eval")
+        rolls = [self.sample(examples[start : start + 64], key, repeats=1, evaluation=True)
+                 for start in range(0, len(examples), 64)]
+        self.last_eval_rollouts = rolls
+        if not rolls:
+            return {}
+        results = {}
+        for name in rolls[0].per_function:
+            values = np.concatenate([r.per_function[name] for r in rolls])
+            results[f"eval/{name}"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+        results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls])))
+        results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
+        return results
+
+    # ------------------------------------------------------------------ what fit calls
+    def start_metrics(self) -> dict:
+        return {f"data/{k}": v for k, v in self.data_counts.items()}
+
+    def on_step(self, logger) -> None:
+        every = self.cfg.train.samples_every
+        if every and self.run.step % every == 0 and self.last_rollouts is not None:
+            logger.log_samples(self.run.step, _sample_rows(self.last_rollouts, prefix="reward/"))
+
+    def on_evaluate(self, step: int) -> None:
+        with open(os.path.join(self.cfg.train.run_dir, f"eval_samples_step{step}.jsonl"), "w") as f:
+            for roll in self.last_eval_rollouts:
+                for row in _sample_rows(roll, prefix=""):
+                    f.write(json.dumps(row) + "\n")
+
+    def on_end(self, summary: dict) -> None:
+        pass
+
+
+def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
+    rows = []
+    for i, (text, ex) in enumerate(zip(roll.texts, roll.examples)):
+        row = {"prompt": ex["prompt"], "completion": text, "answer": ex.get("answer")}
+        row.update({f"{prefix}{k}": float(v[i]) for k, v in roll.per_function.items()})
+        rows.append(row)
+    return rows
+
+
+__all__ = ["OnlineTrainer", "critic_update", "policy_update", "rollout_batch", "score_logprobs", "score_values"]
