@@ -26,7 +26,6 @@ Chosen and rejected go through the model in one forward pass of ``2B`` rows.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from rljax.logprobs import completion_logprobs
@@ -65,30 +64,18 @@ def batch_totals(batch: dict, cfg: OfflineSection) -> dict:
 def pair_loss(logps, lengths, ref_logps, row_mask, cfg: OfflineSection, *, margin=None, num_pairs=None):
     """``preference_loss`` of ``[B, 2]`` policy and reference log-probs, as the config says.
 
-    ``margin`` ``[B]`` (used when ``cfg.margin_column`` is set): ODPO's offset ``Δ_r = α · margin``
-    (module docstring). ``preference_loss`` has no offset argument, so it enters as a constant
-    shift of the chosen log-prob by ``−Δ_r / β`` (``β(Δ − Δ_r/β) = βΔ − Δ_r``: the same loss and
-    gradient); the metrics (``rewards/*``, ``logps/*``) come from the unshifted log-probs, and
-    ``preference/loss`` is the ODPO loss.
+    ``margin`` ``[B]`` (used when ``cfg.margin_column`` is set) gives ODPO's offset
+    ``Δ_r = α · margin`` (module docstring), passed as ``preference_loss(offset=...)``, which also
+    logs ``odpo/offset_mean`` and refuses loss types without a published offset form.
     """
-    def call(chosen_logps):
-        return preference_loss(
-            chosen_logps, logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
-            loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma,
-            chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free,
-            mask=row_mask, num_pairs=num_pairs)
-
-    if margin is None or not cfg.margin_column:
-        return call(logps[:, 0])
-    if cfg.loss_type != "sigmoid" or cfg.label_smoothing:
-        raise ValueError("a DPO margin (ODPO offset) needs loss_type=sigmoid without label smoothing, got "
-                         f"loss_type={cfg.loss_type!r}, label_smoothing={cfg.label_smoothing}")
-    offset = cfg.odpo_alpha * jax.lax.stop_gradient(margin.astype(logps.dtype))
-    loss, _ = call(logps[:, 0] - offset / cfg.beta)
-    _, metrics = call(logps[:, 0])
-    metrics = {**metrics, "preference/loss": loss,
-               "odpo/offset_mean": jnp.sum(jnp.where(row_mask != 0, offset, 0.0)) / jnp.maximum(jnp.sum(row_mask != 0), 1)}
-    return loss, metrics
+    offset = None
+    if margin is not None and cfg.margin_column:
+        offset = cfg.odpo_alpha * margin.astype(logps.dtype)
+    return preference_loss(
+        logps[:, 0], logps[:, 1], ref_logps[:, 0], ref_logps[:, 1],
+        loss_type=cfg.loss_type, beta=cfg.beta, label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma,
+        chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], reference_free=cfg.reference_free,
+        mask=row_mask, num_pairs=num_pairs, offset=offset)
 
 
 def loss(model, batch: dict, cfg: OfflineSection, *, num_pairs):
