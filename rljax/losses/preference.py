@@ -36,14 +36,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.losses.reduce import masked_mean
+
 LOSS_TYPES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo")
-
-
-def _pair_mean(x, valid, num_pairs):
-    total = jnp.sum(jnp.where(valid, x, jnp.zeros_like(x)))
-    if num_pairs is None:
-        num_pairs = jnp.maximum(jnp.sum(valid, dtype=x.dtype), 1.0)
-    return total / jnp.asarray(num_pairs, dtype=x.dtype)
 
 
 def _check_offset_setting(loss_type, label_smoothing):
@@ -161,7 +156,7 @@ def preference_loss(
         avg_delta = pol_c / len_c - pol_r / len_r
         per_pair = _smoothed_logistic(beta * avg_delta - simpo_gamma, label_smoothing)
 
-    loss = _pair_mean(per_pair, valid, num_pairs)
+    loss = masked_mean(per_pair, valid, denominator=num_pairs)
 
     if loss_type == "simpo":
         chosen_rewards, rejected_rewards = beta * pol_c / len_c, beta * pol_r / len_r
@@ -169,13 +164,13 @@ def preference_loss(
         chosen_rewards, rejected_rewards = beta * chosen_logratio, beta * rejected_logratio
     metrics = {
         "preference/loss": loss,
-        "rewards/chosen": _pair_mean(chosen_rewards, valid, None),
-        "rewards/rejected": _pair_mean(rejected_rewards, valid, None),
-        "rewards/margin": _pair_mean(chosen_rewards - rejected_rewards, valid, None),
-        "rewards/accuracy": _pair_mean((chosen_rewards > rejected_rewards).astype(dtype), valid, None),
-        "logps/chosen": _pair_mean(pol_c, valid, None),
-        "logps/rejected": _pair_mean(pol_r, valid, None),
+        "rewards/chosen": masked_mean(chosen_rewards, valid),
+        "rewards/rejected": masked_mean(rejected_rewards, valid),
+        "rewards/margin": masked_mean(chosen_rewards - rejected_rewards, valid),
+        "rewards/accuracy": masked_mean((chosen_rewards > rejected_rewards).astype(dtype), valid),
+        "logps/chosen": masked_mean(pol_c, valid),
+        "logps/rejected": masked_mean(pol_r, valid),
     }
     if offset is not None:
-        metrics["odpo/offset_mean"] = _pair_mean(offset, valid, None)
+        metrics["odpo/offset_mean"] = masked_mean(offset, valid)
     return loss, jax.lax.stop_gradient(metrics)
