@@ -85,14 +85,13 @@ def group_advantages(
     if scale == "none":
         adv = centred
     else:
-        if scale == "group":
-            sq, count = jnp.sum(jnp.square(centred), axis=1, keepdims=True), n
-        else:  # batch: std of all valid rewards around the batch mean
-            count = jnp.sum(v, dtype=r.dtype)
-            batch_mean = jnp.sum(r) / jnp.maximum(count, 1.0)
-            sq = jnp.sum(jnp.where(v, jnp.square(r - batch_mean), jnp.zeros_like(r)))
-        dof = count - 1.0 if bessel else count
-        std = jnp.sqrt(jnp.where(dof > 0, sq / jnp.maximum(dof, 1.0), jnp.zeros_like(sq)))
+        if scale == "group":  # per-row variance: reduce.masked_var reduces over all axes
+            sq = jnp.sum(jnp.square(centred), axis=1, keepdims=True)
+            dof = n - 1.0 if bessel else n
+            var = jnp.where(dof > 0, sq / jnp.maximum(dof, 1.0), jnp.zeros_like(sq))  # [P, 1]
+        else:  # batch: variance of all valid rewards around the batch mean
+            var = reduce_lib.masked_var(r, v, bessel=bessel)
+        std = jnp.sqrt(var)
         adv = centred / (std + eps)
     return jax.lax.stop_gradient(adv.reshape(-1))
 

@@ -175,6 +175,85 @@ def test_padding_rows_and_micro_batches():
                                        full_g[k], rtol=1e-6, err_msg=loss_type)
 
 
+# ODPO (arXiv:2402.10571) on the hand pairs, β = 0.1, offsets o = [0.5, −0.3, (NaN: padded)]:
+#   pair 0: βΔ − o = 0.3 − 0.5 = −0.2 -> −log σ(−0.2) = 0.7981389
+#   pair 1: βΔ − o = −0.2 + 0.3 = 0.1 -> −log σ(0.1)  = 0.6443967        mean 0.7212678
+#   ∂/∂logπ(y⁺) = −β σ(−(βΔ − o)) / 2: −0.1·σ(0.2)/2 = −0.0274917, −0.1·σ(−0.1)/2 = −0.0237510
+#   odpo/offset_mean = (0.5 − 0.3)/2 = 0.1; the implicit-reward metrics are those of plain DPO
+OFFSET = [0.5, -0.3, np.nan]
+
+
+@JIT
+def test_odpo_offset_hand_computed(use_jit):
+    def f(pc, pr, rc, rr, m, o):
+        return jax.value_and_grad(
+            lambda x, z: PL.preference_loss(x, pr, rc, rr, beta=0.1, mask=m, offset=z), argnums=(0, 1),
+            has_aux=True)(pc, o)
+
+    args = [jnp.asarray(x, jnp.float32) for x in (PC, PR, RC, RR, MASK, OFFSET)]
+    (loss, m), (grad_chosen, grad_offset) = _maybe_jit(f, use_jit)(*args)
+    np.testing.assert_allclose(loss, 0.7212678, rtol=1e-6)
+    np.testing.assert_allclose(m["preference/loss"], 0.7212678, rtol=1e-6)
+    np.testing.assert_allclose(m["odpo/offset_mean"], 0.1, rtol=1e-6)
+    for key, val in {"rewards/chosen": 0.05, "rewards/rejected": 0.0, "rewards/margin": 0.05,
+                     "rewards/accuracy": 0.5, "logps/chosen": -9.5, "logps/rejected": -12.5}.items():
+        np.testing.assert_allclose(m[key], val, rtol=1e-6, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(grad_chosen, [-0.0274917, -0.0237510, 0.0], rtol=1e-5)
+    np.testing.assert_array_equal(grad_offset, 0.0)  # the offset is a constant of the data
+
+
+def test_odpo_gradient_hand_formula_and_micro_batches():
+    """∂/∂logπ(y⁺) of ODPO is −β σ(−(βΔ − o)) / B (DPO's with βΔ shifted), −that for y⁻; four
+    micro-batches with the global pair count sum to the whole-batch value and gradient."""
+    pc, pr, rc, rr, _, _ = _random(5)
+    offset = np.random.default_rng(5).normal(0, 1, pc.size).astype(np.float32)
+
+    @jax.jit
+    def value_and_grad(pc, pr, rc, rr, o, num_pairs=None):
+        return jax.value_and_grad(lambda a, b: PL.preference_loss(a, b, rc, rr, beta=0.1, offset=o,
+                                                                  num_pairs=num_pairs)[0], argnums=(0, 1))(pc, pr)
+
+    full, (g_c, g_r) = value_and_grad(pc, pr, rc, rr, offset)
+    delta = (pc.astype(np.float64) - rc) - (pr - rr)
+    weight = 0.1 / (1 + np.exp(0.1 * delta - offset)) / pc.size
+    np.testing.assert_allclose(g_c, -weight, rtol=1e-6)
+    np.testing.assert_allclose(g_r, weight, rtol=1e-6)
+    parts = [value_and_grad(pc[i], pr[i], rc[i], rr[i], offset[i], pc.size) for i in np.split(np.arange(pc.size), 4)]
+    np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate([p[1][0] for p in parts]), g_c, rtol=1e-6)
+
+
+def test_odpo_zero_offset_is_dpo():
+    pc, pr, rc, rr, _, _ = _random(6)
+
+    def f(offset):
+        return jax.value_and_grad(lambda a: PL.preference_loss(a, pr, rc, rr, beta=0.1, offset=offset),
+                                  has_aux=True)(pc)
+
+    (odpo, odpo_m), odpo_g = f(np.zeros_like(pc))
+    (dpo, dpo_m), dpo_g = f(None)
+    np.testing.assert_array_equal(odpo, dpo)
+    np.testing.assert_array_equal(odpo_g, dpo_g)
+    assert odpo_m.pop("odpo/offset_mean") == 0.0 and "odpo/offset_mean" not in dpo_m
+    assert odpo_m.keys() == dpo_m.keys()
+    for key in dpo_m:
+        np.testing.assert_array_equal(odpo_m[key], dpo_m[key], err_msg=key)
+
+
+@pytest.mark.parametrize("loss_type", [t for t in PL.LOSS_TYPES if t != "sigmoid"])
+def test_odpo_offset_refuses_other_loss_types(loss_type):
+    x, lengths = jnp.zeros(3), jnp.ones(3)
+    with pytest.raises(ValueError, match=f"offset.*loss_type='{loss_type}'"):
+        PL.preference_loss(x, x, x, x, loss_type=loss_type, chosen_lengths=lengths, rejected_lengths=lengths,
+                           offset=x)
+    with pytest.raises(ValueError, match="offset.*label_smoothing=0.1"):
+        PL.preference_loss(x, x, x, x, label_smoothing=0.1, offset=x)
+    with pytest.raises(ValueError, match="offset.*label_smoothing"):
+        jax.jit(lambda e: PL.preference_loss(x, x, x, x, label_smoothing=e, offset=x))(0.0)
+    with pytest.raises(AssertionError):
+        PL.preference_loss(x, x, x, x, offset=x[:2])
+
+
 def test_bad_arguments():
     x = jnp.zeros(3)
     with pytest.raises(ValueError, match="loss_type"):

@@ -1,16 +1,14 @@
 """Learning from scored records on a tiny random model: AWR / RWR / filtered BC move likelihood
-toward high-score responses on held-out prompts; record weights by hand; resume."""
+toward high-score responses on held-out prompts; resume. (The weights and the loss by hand:
+tests/test_losses_records.py.)"""
 
 import dataclasses
 import json
 import os
 import random
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from rljax.algorithms.offline import prompt_baselines, record_weights, weighted_nll_loss
 from rljax.config import from_yaml
 from rljax.run_config import RunConfig
 from rljax.train_offline import OfflineTrainer
@@ -63,36 +61,6 @@ def test_record_training_moves_likelihood_toward_high_scores(tiny_dir, records_p
     assert after["eval/logp_gap"] > before["eval/logp_gap"] + 0.5, (before, after)
     assert after["eval/pair_accuracy"] >= 0.9, after
     assert after["eval/nll"] < before["eval/nll"]  # it also learned the responses' format
-
-
-def test_record_weights_by_hand():
-    scores = [1.0, 0.0, 0.5, 2.0]
-    keys = ["a", "a", "b", "c"]
-    # per-prompt baseline for "a" (0.5); "b" and "c" have one response each: the global mean (0.875)
-    np.testing.assert_allclose(prompt_baselines(np.asarray(scores), keys), [0.5, 0.5, 0.875, 0.875])
-    w, keep = record_weights(scores, keys, mode="awr", temperature=0.5, max_weight=20.0)
-    np.testing.assert_allclose(w, np.exp(np.array([0.5, -0.5, -0.375, 1.125]) / 0.5), rtol=1e-6)
-    assert keep.all()
-    w, _ = record_weights(scores, keys, mode="awr", temperature=0.1, max_weight=20.0)
-    assert w.max() == pytest.approx(20.0)  # exp(11.25) clipped
-    w, _ = record_weights(scores, keys, mode="awr", temperature=1.0, baseline="global_mean")
-    np.testing.assert_allclose(w, np.exp(np.asarray(scores) - 0.875), rtol=1e-6)
-    w, _ = record_weights(scores, keys, mode="rwr", temperature=1.0, max_weight=0.0)
-    np.testing.assert_allclose(w, np.exp(scores) / np.mean(np.exp(scores)), rtol=1e-6)
-    assert w.mean() == pytest.approx(1.0)
-    w, keep = record_weights(scores, keys, mode="filtered_bc", threshold=1.0)
-    assert keep.tolist() == [True, False, False, True] and w.tolist() == [1.0, 0.0, 0.0, 1.0]
-
-
-def test_weighted_nll_by_hand():
-    logprobs = jnp.asarray([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
-    mask = jnp.asarray([[1, 1, 0], [1, 1, 1]])
-    weights = jnp.asarray([2.0, 0.5])
-    loss, metrics = weighted_nll_loss(logprobs, mask, weights, reduction="token_mean")
-    assert float(loss) == pytest.approx((2 * 3 + 0.5 * 1.5) / 5)
-    assert float(metrics["offline/nll"]) == pytest.approx(4.5 / 5)
-    loss, _ = weighted_nll_loss(logprobs, mask, weights, reduction="seq_mean_token_sum")
-    assert float(loss) == pytest.approx((6 + 0.75) / 2)
 
 
 def test_resume_equals_uninterrupted(tiny_dir, records_path, tmp_path):

@@ -2,18 +2,23 @@
 
 Modules: ``reduce`` (token/sequence reductions, implemented once), ``policy`` (clipped surrogate,
 REINFORCE), ``kl`` (KL estimators), ``value`` (PPO value loss), ``preference`` (DPO family),
-``reward_model`` (Bradley–Terry, K-wise ranking).
+``reward_model`` (Bradley–Terry, K-wise ranking), ``records`` (AWR / RWR / filtered-BC weights and
+the weighted NLL of scored records).
 """
 
 from rljax.losses.kl import KL_ESTIMATORS, kl_loss, kl_penalty
 from rljax.losses.policy import policy_gradient_loss, reinforce_loss
 from rljax.losses.preference import preference_loss
+from rljax.losses.records import (RECORD_BASELINES, RECORD_MODES, prompt_baselines, record_weights,
+                                 weighted_nll_loss)
 from rljax.losses.reduce import REDUCTIONS, masked_mean, reduce_tokens
 from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
 from rljax.losses.value import explained_variance, value_loss
 
 __all__ = [
     "KL_ESTIMATORS",
+    "RECORD_BASELINES",
+    "RECORD_MODES",
     "REDUCTIONS",
     "bradley_terry_loss",
     "explained_variance",
@@ -23,7 +28,10 @@ __all__ = [
     "masked_mean",
     "policy_gradient_loss",
     "preference_loss",
+    "prompt_baselines",
+    "record_weights",
     "reduce_tokens",
     "reinforce_loss",
     "value_loss",
+    "weighted_nll_loss",
 ]

@@ -18,24 +18,38 @@ loss_type    per-pair loss                                          paper / refe
              ``Δ̄ = logπ(y⁺)/|y⁺| − logπ(y⁻)/|y⁻|``, no reference    ``CPOTrainer`` ``simpo``)
 ============ ====================================================== ==================================
 
+With a per-pair ``offset`` ``o`` ``[B]`` (``sigmoid`` with ε = 0 only) the loss is ODPO, DPO with an
+offset (Amini, Vieira & Cotterell 2024, arXiv:2402.10571): ``−log σ(βΔ − o)``; the chosen
+response must beat the rejected one by a larger implicit-reward margin where the preference is
+stronger. The paper's offset is ``o = α · log(s⁺ − s⁻)`` from the two responses' scores; the caller
+computes it (e.g. ``α · margin``). Other loss types have no published offset form and refuse one.
+
 ``reference_free=True`` sets the reference log-probs to 0 (``c = logπ(y⁺)``, ...); ``simpo`` never
 uses them. Reference code: TRL ``DPOTrainer`` (``sigmoid``, ``robust``, ``ipo``, ``hinge``).
 """
 
 from __future__ import annotations
 
+import numbers
+
 import chex
 import jax
 import jax.numpy as jnp
 
+from rljax.losses.reduce import masked_mean
+
 LOSS_TYPES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo")
 
 
-def _pair_mean(x, valid, num_pairs):
-    total = jnp.sum(jnp.where(valid, x, jnp.zeros_like(x)))
-    if num_pairs is None:
-        num_pairs = jnp.maximum(jnp.sum(valid, dtype=x.dtype), 1.0)
-    return total / jnp.asarray(num_pairs, dtype=x.dtype)
+def _check_offset_setting(loss_type, label_smoothing):
+    # ODPO (arXiv:2402.10571) is published for the plain logistic loss only; a label-smoothed or
+    # other offset form would be an invention, so refuse it instead of guessing.
+    if loss_type != "sigmoid":
+        raise ValueError(f"preference_loss: offset (ODPO, arXiv:2402.10571) needs loss_type='sigmoid', "
+                         f"got loss_type={loss_type!r}")
+    if not (isinstance(label_smoothing, numbers.Real) and label_smoothing == 0):  # a traced ε cannot be checked
+        raise ValueError("preference_loss: offset (ODPO, arXiv:2402.10571) needs label_smoothing=0 (a Python "
+                         f"number), got label_smoothing={label_smoothing}")
 
 
 def _smoothed_logistic(z, label_smoothing):
@@ -57,6 +71,7 @@ def preference_loss(
     reference_free: bool = False,
     mask: chex.Array | None = None,
     num_pairs=None,
+    offset: chex.Array | None = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
     """Mean over pairs of a DPO-family loss (formulas in the module docstring).
 
@@ -74,11 +89,16 @@ def preference_loss(
       mask: optional ``[B]`` (nonzero = the pair counts; padding rows change nothing).
       num_pairs: global pair count for micro-batching (default: local valid pairs). Per-part
         losses with the global count sum to the whole-batch loss.
+      offset: optional ``[B]`` ODPO offset ``o`` (stop-gradient): the loss becomes
+        ``−log σ(βΔ − o)`` (arXiv:2402.10571). Only with ``loss_type="sigmoid"`` and
+        ``label_smoothing=0`` (a Python number); anything else raises ``ValueError``.
     Returns:
       ``(loss, metrics)``; metrics are local means over valid pairs: ``rewards/chosen``
       (``β c``; SimPO: ``β logπ(y⁺)/|y⁺|``), ``rewards/rejected``, ``rewards/margin``
       (chosen − rejected), ``rewards/accuracy`` (fraction with chosen > rejected),
-      ``preference/loss``, ``logps/chosen``, ``logps/rejected``.
+      ``preference/loss``, ``logps/chosen``, ``logps/rejected``. The implicit rewards and
+      log-probs never see the offset (``preference/loss`` is the ODPO loss); with ``offset``
+      also ``odpo/offset_mean`` (mean ``o``).
     """
     logps = [policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps]
     chex.assert_rank(logps, 1)
@@ -91,6 +111,8 @@ def preference_loss(
         raise ValueError(f"loss_type={loss_type!r} needs chosen_lengths and rejected_lengths")
     if loss_type == "robust" and isinstance(label_smoothing, (int, float)) and not 0 <= label_smoothing < 0.5:
         raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
+    if offset is not None:
+        _check_offset_setting(loss_type, label_smoothing)
     if mask is None:
         mask = jnp.ones_like(policy_chosen_logps)
     chex.assert_equal_shape([policy_chosen_logps, mask])
@@ -106,6 +128,9 @@ def preference_loss(
     else:
         ref_c = jax.lax.stop_gradient(clean(ref_chosen_logps))
         ref_r = jax.lax.stop_gradient(clean(ref_rejected_logps))
+    if offset is not None:
+        chex.assert_equal_shape([policy_chosen_logps, offset])
+        offset = jax.lax.stop_gradient(clean(offset.astype(dtype)))
     if needs_lengths:
         chex.assert_equal_shape([policy_chosen_logps, chosen_lengths, rejected_lengths])
         len_c = jnp.maximum(jnp.where(valid, chosen_lengths, 1).astype(dtype), 1.0)
@@ -116,7 +141,8 @@ def preference_loss(
     delta = chosen_logratio - rejected_logratio
 
     if loss_type in ("sigmoid", "cdpo"):
-        per_pair = _smoothed_logistic(beta * delta, label_smoothing)
+        logit = beta * delta if offset is None else beta * delta - offset  # ODPO: βΔ − o
+        per_pair = _smoothed_logistic(logit, label_smoothing)
     elif loss_type == "robust":
         clean_term = -(1.0 - label_smoothing) * jax.nn.log_sigmoid(beta * delta)
         flipped_term = -label_smoothing * jax.nn.log_sigmoid(-beta * delta)
@@ -130,7 +156,7 @@ def preference_loss(
         avg_delta = pol_c / len_c - pol_r / len_r
         per_pair = _smoothed_logistic(beta * avg_delta - simpo_gamma, label_smoothing)
 
-    loss = _pair_mean(per_pair, valid, num_pairs)
+    loss = masked_mean(per_pair, valid, denominator=num_pairs)
 
     if loss_type == "simpo":
         chosen_rewards, rejected_rewards = beta * pol_c / len_c, beta * pol_r / len_r
@@ -138,11 +164,13 @@ def preference_loss(
         chosen_rewards, rejected_rewards = beta * chosen_logratio, beta * rejected_logratio
     metrics = {
         "preference/loss": loss,
-        "rewards/chosen": _pair_mean(chosen_rewards, valid, None),
-        "rewards/rejected": _pair_mean(rejected_rewards, valid, None),
-        "rewards/margin": _pair_mean(chosen_rewards - rejected_rewards, valid, None),
-        "rewards/accuracy": _pair_mean((chosen_rewards > rejected_rewards).astype(dtype), valid, None),
-        "logps/chosen": _pair_mean(pol_c, valid, None),
-        "logps/rejected": _pair_mean(pol_r, valid, None),
+        "rewards/chosen": masked_mean(chosen_rewards, valid),
+        "rewards/rejected": masked_mean(rejected_rewards, valid),
+        "rewards/margin": masked_mean(chosen_rewards - rejected_rewards, valid),
+        "rewards/accuracy": masked_mean((chosen_rewards > rejected_rewards).astype(dtype), valid),
+        "logps/chosen": masked_mean(pol_c, valid),
+        "logps/rejected": masked_mean(pol_r, valid),
     }
+    if offset is not None:
+        metrics["odpo/offset_mean"] = masked_mean(offset, valid)
     return loss, jax.lax.stop_gradient(metrics)

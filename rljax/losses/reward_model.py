@@ -13,12 +13,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-
-def _masked_mean(x, valid, denominator):
-    total = jnp.sum(jnp.where(valid, x, jnp.zeros_like(x)))
-    if denominator is None:
-        denominator = jnp.maximum(jnp.sum(valid, dtype=x.dtype), 1.0)
-    return total / jnp.asarray(denominator, dtype=x.dtype)
+from rljax.losses.reduce import masked_mean
 
 
 def bradley_terry_loss(
@@ -64,17 +59,17 @@ def bradley_terry_loss(
     if margin is not None:
         chex.assert_equal_shape([chosen_rewards, margin])
         gap = gap - jax.lax.stop_gradient(jnp.where(valid, margin, zeros))
-    bt = _masked_mean(-jax.nn.log_sigmoid(gap), valid, num_pairs)
-    centering = _masked_mean(jnp.square(chosen + rejected), valid, num_pairs)
+    bt = masked_mean(-jax.nn.log_sigmoid(gap), valid, denominator=num_pairs)
+    centering = masked_mean(jnp.square(chosen + rejected), valid, denominator=num_pairs)
     loss = bt + centering_coef * centering
     metrics = {
         "reward_model/loss": loss,
         "reward_model/bt_loss": bt,
         "reward_model/centering_loss": centering,
-        "rewards/chosen": _masked_mean(chosen, valid, None),
-        "rewards/rejected": _masked_mean(rejected, valid, None),
-        "rewards/margin": _masked_mean(chosen - rejected, valid, None),
-        "rewards/accuracy": _masked_mean((chosen > rejected).astype(chosen.dtype), valid, None),
+        "rewards/chosen": masked_mean(chosen, valid),
+        "rewards/rejected": masked_mean(rejected, valid),
+        "rewards/margin": masked_mean(chosen - rejected, valid),
+        "rewards/accuracy": masked_mean((chosen > rejected).astype(chosen.dtype), valid),
     }
     return loss, jax.lax.stop_gradient(metrics)
 
@@ -118,10 +113,10 @@ def kwise_ranking_loss(
     pairs_per_prompt = jnp.sum(pair_valid, axis=(1, 2), dtype=rewards.dtype)  # [B]
     prompt_loss = jnp.sum(pair_loss, axis=(1, 2)) / jnp.maximum(pairs_per_prompt, 1.0)
     has_pair = pairs_per_prompt > 0
-    loss = _masked_mean(prompt_loss, has_pair, num_prompts)
+    loss = masked_mean(prompt_loss, has_pair, denominator=num_prompts)
     metrics = {
         "reward_model/loss": loss,
-        "rewards/accuracy": _masked_mean((diff > 0).astype(rewards.dtype), pair_valid, None),
-        "rewards/margin": _masked_mean(diff, pair_valid, None),
+        "rewards/accuracy": masked_mean((diff > 0).astype(rewards.dtype), pair_valid),
+        "rewards/margin": masked_mean(diff, pair_valid),
     }
     return loss, jax.lax.stop_gradient(metrics)
