@@ -23,16 +23,16 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from rljax import sharding  # noqa: E402
-from rljax.algorithms import online  # noqa: E402
+from rljax.algorithms import grpo  # noqa: E402
+from rljax.batches import RolloutBatch  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.transformer import init_model  # noqa: E402
-from rljax.run_config import AlgorithmSection  # noqa: E402
 from rljax.sampling import SamplingConfig, generate  # noqa: E402
-from rljax.train import _update  # noqa: E402
+from rljax.training.online import policy_update  # noqa: E402
 
 CONFIG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=16)
-ALGO = AlgorithmSection(name="grpo", group_size=4, prompts_per_step=2, kl_coef=0.04, reduction="token_mean",
+ALGO = grpo.GRPOConfig(group_size=4, prompts_per_step=2, kl_coef=0.04, reduction="token_mean",
                         epsilon_high=0.28, entropy_coef=0.01)
 
 
@@ -46,14 +46,13 @@ def _batch(model):
         prompt_mask[i, 8 - n:] = 1
     out = generate(model, prompt_ids, prompt_mask, jax.random.key(1),
                    SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(3,)), bucket=False)
-    batch = {
-        "prompt_ids": jnp.asarray(prompt_ids), "prompt_mask": jnp.asarray(prompt_mask),
-        "completion_ids": out.tokens, "completion_mask": out.mask, "loss_mask": out.mask,
-        "old_logprobs": out.logprobs, "ref_logprobs": out.logprobs - 0.05 * out.mask,
-        "scores": jnp.asarray(rng.random(8), jnp.float32), "valid": jnp.ones(8, bool), "finished": out.finished,
-    }
-    batch.update(online.compute_advantages(batch, ALGO))
-    return batch
+    batch = RolloutBatch(
+        prompt_ids=jnp.asarray(prompt_ids), prompt_mask=jnp.asarray(prompt_mask),
+        completion_ids=out.tokens, completion_mask=out.mask, loss_mask=out.mask,
+        old_logprobs=out.logprobs, ref_logprobs=out.logprobs - 0.05 * out.mask,
+        scores=jnp.asarray(rng.random(8), jnp.float32), row_mask=jnp.ones(8, bool), finished=out.finished,
+    )
+    return grpo.advantages(batch, ALGO)
 
 
 def _step(model, batch):
@@ -62,8 +61,8 @@ def _step(model, batch):
     # ~lr·sign(g), which turns float32 noise in near-zero gradients into lr-sized differences.)
     optimizer = optax.sgd(1.0)
     opt_state = optimizer.init(params)
-    new_params, _, metrics = _update(graphdef, params, frozen, opt_state, batch, optimizer=optimizer, algo=ALGO,
-                                     temperature=1.0, num_micro=2)
+    new_params, _, metrics = policy_update(graphdef, params, frozen, opt_state, batch, optimizer=optimizer,
+                                           algorithm="grpo", cfg=ALGO, temperature=1.0, num_micro=2)
     return new_params, metrics
 
 

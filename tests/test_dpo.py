@@ -14,8 +14,10 @@ from flax import nnx
 from rljax.algorithms import dpo
 from rljax.config import from_yaml
 from rljax.losses.preference import LOSS_TYPES, preference_loss
-from rljax.run_config import OfflineSection, RunConfig
-from rljax.train_offline import OfflineTrainer, _score
+from rljax.algorithms.dpo import DPOConfig
+from rljax.run_config import RunConfig
+from rljax.training import OfflineTrainer
+from rljax.training.offline import offline_update, score_batch
 from tests._tiny import make_tiny_model_dir
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pixel", "lemon", "violet"]
@@ -46,10 +48,9 @@ def pairs_path(tmp_path_factory):
 def _cfg(tiny_dir, pairs_path, run_dir, *, steps=12, offline="", model="", micro=8, save="false"):
     return from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir} {model}}}
-data: {{task: "", path: {pairs_path}, eval_size: 32, max_prompt_length: 64}}
-algorithm: {{name: dpo}}
-offline: {{batch_size: 16, micro_batch_size: {micro}, eval_fraction: 0.2, max_completion_length: 16, beta: 0.5,
-          save_model: {save} {offline}}}
+data: {{task: "", path: {pairs_path}, eval_size: 32, max_prompt_length: 64, eval_fraction: 0.2}}
+algorithm: {{name: dpo, batch_size: 16, micro_batch_size: {micro}, max_completion_length: 16, beta: 0.5,
+            save_model: {save} {offline}}}
 optim: {{learning_rate: 3.0e-3}}
 train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
 """)
@@ -84,7 +85,7 @@ def test_cached_reference_equals_live_reference(tiny_dir, pairs_path, tmp_path):
     cached = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "cached", steps=3))
     live = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "live", steps=3,
                                offline=", precompute_ref_logprobs: false"))
-    assert live.ref_params is not None and cached.ref_params is None  # the cache holds no model copy
+    assert live.run.ref_params is not None and cached.run.ref_params is None  # the cache holds no model copy
     assert "ref_logps" in cached.train_set.values and "ref_logps" not in live.train_set.values
     cached.fit()
     live.fit()
@@ -94,21 +95,20 @@ def test_cached_reference_equals_live_reference(tiny_dir, pairs_path, tmp_path):
         assert set(ma) == set(mb)
         for k in ma:
             np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-6, err_msg=f"step {ma['step']} {k}")
-    for pa, pb in zip(jax.tree.leaves(cached.params), jax.tree.leaves(live.params)):
+    for pa, pb in zip(jax.tree.leaves(cached.run.policy.params), jax.tree.leaves(live.run.policy.params)):
         np.testing.assert_allclose(np.asarray(pa), np.asarray(pb), rtol=1e-5, atol=1e-6)
 
 
 def test_micro_batches_give_the_full_batch_update(tiny_dir, pairs_path, tmp_path):
-    from rljax.train_offline import _update
-
     trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, steps=1))
-    batch = {k: jnp.asarray(v) for k, v in trainer.batch(trainer.train_set, range(16)).items()}
+    batch = jax.tree.map(jnp.asarray, trainer.batch(trainer.train_set, range(16)))
+    policy = trainer.run.policy
     runs = {}
     for num_micro in (2, 1):
-        params, opt_state = jax.tree.map(jnp.copy, (trainer.params, trainer.opt_state))  # donated
-        _, _, runs[num_micro] = _update(trainer.graphdef, params, trainer.frozen, opt_state, batch,
-                                        optimizer=trainer.optimizer, algo="dpo", cfg=trainer.loss_cfg,
-                                        num_micro=num_micro)
+        params, opt_state = jax.tree.map(jnp.copy, (policy.params, policy.opt_state))  # donated
+        _, _, runs[num_micro] = offline_update(policy.graphdef, params, policy.frozen, opt_state, batch,
+                                               optimizer=policy.optimizer, algorithm="dpo", cfg=trainer.cfg.algorithm,
+                                               num_micro=num_micro)
     assert runs[1].keys() == runs[2].keys()
     for k in ("loss", "preference/loss", "grad_norm", "rewards/accuracy", "logps/chosen", "logps/rejected"):
         np.testing.assert_allclose(runs[2][k], runs[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -117,7 +117,7 @@ def test_micro_batches_give_the_full_batch_update(tiny_dir, pairs_path, tmp_path
 def test_dpo_with_lora_learns_and_trains_only_adapters(tiny_dir, pairs_path, tmp_path):
     cfg = _cfg(tiny_dir, pairs_path, tmp_path, steps=10, model=", lora_rank: 4, lora_alpha: 8.0, lora_targets: [wq, wv, w_up]", save="true")
     trainer = OfflineTrainer(cfg)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainer.params)[0]]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainer.run.policy.params)[0]]
     assert paths and all("lora" in p for p in paths)
     summary = trainer.fit()
     assert summary["after"]["eval/rewards/accuracy"] >= 0.9, summary["after"]
@@ -127,8 +127,8 @@ def test_dpo_with_lora_learns_and_trains_only_adapters(tiny_dir, pairs_path, tmp
     model, _ = load(summary["model_dir"])
     graphdef, params = nnx.split(model)
     batch = trainer.batch(trainer.eval_set, range(16))
-    merged = _score(graphdef, params, nnx.State({}), batch, kind="logps")[0]
-    adapted = _score(trainer.graphdef, trainer.params, trainer.frozen, batch, kind="logps")[0]
+    merged = score_batch(graphdef, params, nnx.State({}), batch, algorithm="dpo")[0]
+    adapted = score_batch(*trainer.run.policy.split, batch, algorithm="dpo")[0]
     np.testing.assert_allclose(np.asarray(merged), np.asarray(adapted), rtol=1e-4)
 
 
@@ -136,7 +136,7 @@ def test_dpo_with_lora_learns_and_trains_only_adapters(tiny_dir, pairs_path, tmp
                                                                             ("cdpo", {"label_smoothing": 0.1}),
                                                                             ("robust", {"label_smoothing": 0.2})])
 def test_every_preference_loss_is_selectable_by_config(loss_type, extra):
-    cfg = OfflineSection(loss_type=loss_type, beta=0.3, simpo_gamma=0.4, **extra)
+    cfg = DPOConfig(loss_type=loss_type, beta=0.3, simpo_gamma=0.4, **extra)
     key = jax.random.split(jax.random.key(0), 4)
     logps = -jax.random.uniform(key[0], (5, 2)) * 20
     ref = -jax.random.uniform(key[1], (5, 2)) * 20
@@ -154,13 +154,13 @@ def test_every_preference_loss_is_selectable_by_config(loss_type, extra):
 def test_reference_free_and_simpo_skip_the_reference_pass(tiny_dir, pairs_path, tmp_path):
     for offline in (", loss_type: simpo", ", reference_free: true"):
         trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, offline=offline))
-        assert trainer.ref_seconds == 0.0 and trainer.ref_params is None
-        assert not trainer.train_set.values["ref_logps"].any()
+        assert trainer.ref_seconds == 0.0 and trainer.run.ref_params is None
+        assert "ref_logps" not in trainer.train_set.values and "ref_logps" not in trainer.eval_set.values
 
 
 def test_a_margin_column_makes_sigmoid_dpo_odpo():
     # ODPO (arXiv:2402.10571): -log sigmoid(beta * delta - alpha * margin), by hand.
-    cfg = OfflineSection(loss_type="sigmoid", beta=0.5, margin_column="margin", odpo_alpha=2.0)
+    cfg = DPOConfig(loss_type="sigmoid", beta=0.5, margin_column="margin", odpo_alpha=2.0)
     logps = jnp.asarray([[-3.0, -5.0], [-4.0, -2.0], [-6.0, -6.5], [-1.0, -9.0]])
     ref = jnp.asarray([[-3.5, -4.5], [-4.0, -3.0], [-6.0, -6.0], [0.0, 0.0]])
     margin = jnp.asarray([0.5, 0.0, 1.5, 7.0])
@@ -173,7 +173,7 @@ def test_a_margin_column_makes_sigmoid_dpo_odpo():
     np.testing.assert_allclose(metrics["preference/loss"], got, rtol=1e-6)
     np.testing.assert_allclose(metrics["odpo/offset_mean"], 2.0 * 2.0 / 3, rtol=1e-6)
     # the implicit-reward metrics do not see the offset; without a margin column it is plain DPO
-    _, plain = dpo.pair_loss(logps, lengths, ref, mask, OfflineSection(loss_type="sigmoid", beta=0.5))
+    _, plain = dpo.pair_loss(logps, lengths, ref, mask, DPOConfig(loss_type="sigmoid", beta=0.5))
     for k in ("rewards/chosen", "rewards/margin", "rewards/accuracy", "logps/chosen"):
         np.testing.assert_allclose(metrics[k], plain[k], rtol=1e-6, err_msg=k)
     # the offset is a constant: the gradient is that of the hand formula
@@ -198,5 +198,5 @@ def test_odpo_trains_from_a_margin_column_and_other_losses_refuse_it(tiny_dir, t
     assert len(train) >= 2 and all(0.0 <= m["odpo/offset_mean"] <= 1.0 for m in train)
     assert "eval/odpo/offset_mean" in summary["after"]
     with pytest.raises(ConfigError, match="ODPO"):
-        from_yaml(RunConfig, f"algorithm: {{name: dpo}}\ndata: {{path: {path}}}\n"
-                             "offline: {margin_column: strength, loss_type: ipo}")
+        from_yaml(RunConfig, f"algorithm: {{name: dpo, margin_column: strength, loss_type: ipo}}\n"
+                             f"data: {{path: {path}}}")

@@ -11,7 +11,7 @@ import pytest
 
 from rljax.config import from_yaml
 from rljax.run_config import RunConfig
-from rljax.train_offline import OfflineTrainer
+from rljax.training import OfflineTrainer
 from tests._tiny import make_tiny_model_dir
 
 LOWER, DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
@@ -40,10 +40,9 @@ def records_path(tmp_path_factory):
 def _cfg(tiny_dir, records_path, run_dir, *, steps=16, offline=""):
     return from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir}}}
-data: {{task: "", path: {records_path}, eval_size: 48, max_prompt_length: 64}}
-algorithm: {{name: offline}}
-offline: {{batch_size: 16, eval_fraction: 0.2, max_completion_length: 16, score_column: reward,
-          temperature: 0.2, score_threshold: 0.5, save_model: false {offline}}}
+data: {{task: "", path: {records_path}, eval_size: 48, max_prompt_length: 64, eval_fraction: 0.2}}
+algorithm: {{name: records, batch_size: 16, max_completion_length: 16, score_column: reward,
+            temperature: 0.2, score_threshold: 0.5, save_model: false {offline}}}
 optim: {{learning_rate: 3.0e-3}}
 train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
 """)
@@ -51,7 +50,7 @@ train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
 
 @pytest.mark.parametrize("mode", ["awr", "rwr", "filtered_bc"])
 def test_record_training_moves_likelihood_toward_high_scores(tiny_dir, records_path, tmp_path, mode):
-    trainer = OfflineTrainer(_cfg(tiny_dir, records_path, tmp_path, offline=f", records_mode: {mode}"))
+    trainer = OfflineTrainer(_cfg(tiny_dir, records_path, tmp_path, offline=f", mode: {mode}"))
     if mode == "filtered_bc":
         assert trainer.data_counts["train_filtered_out"] == len(trainer.train_set)  # half the records
     summary = trainer.fit()

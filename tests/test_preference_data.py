@@ -18,7 +18,7 @@ from rljax.data.preferences import (
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task
 from rljax.run_config import RunConfig
-from rljax.train_offline import split_by_prompt
+from rljax.training.data import split_by_prompt
 
 
 def _jsonl(path, rows):
@@ -166,16 +166,23 @@ def test_held_out_split_keeps_prompts_together():
 
 
 def test_offline_config_fields_and_errors():
-    cfg = from_yaml(RunConfig, "algorithm: {name: dpo}\noffline: {loss_type: ipo, beta: 0.5}")
-    assert cfg.algorithm.is_offline and cfg.offline.loss_type == "ipo" and cfg.rewards == {}
-    with pytest.raises(ConfigError, match="offline.loss_type"):
-        from_yaml(RunConfig, "algorithm: {name: dpo}\noffline: {loss_type: kto}")
-    with pytest.raises(ConfigError, match="offline: label_smoothing must be in \\[0, 0.5\\)"):
-        from_yaml(RunConfig, "algorithm: {name: dpo}\noffline: {loss_type: robust, label_smoothing: 0.5}")
+    cfg = from_yaml(RunConfig, "algorithm: {name: dpo, loss_type: ipo, beta: 0.5}")
+    assert not cfg.is_online and cfg.algorithm.loss_type == "ipo" and cfg.rewards == {}
+    with pytest.raises(ConfigError, match="algorithm.loss_type"):
+        from_yaml(RunConfig, "algorithm: {name: dpo, loss_type: kto}")
+    with pytest.raises(ConfigError, match="algorithm: label_smoothing must be in \\[0, 0.5\\)"):
+        from_yaml(RunConfig, "algorithm: {name: dpo, loss_type: robust, label_smoothing: 0.5}")
     with pytest.raises(ConfigError, match="micro_batch_size"):
-        from_yaml(RunConfig, "algorithm: {name: offline}\noffline: {batch_size: 6, micro_batch_size: 4}")
-    with pytest.raises(ConfigError, match="offline.records_mod"):
-        from_yaml(RunConfig, "algorithm: {name: offline}\noffline: {records_mod: awr}")
+        from_yaml(RunConfig, "algorithm: {name: records, batch_size: 6, micro_batch_size: 4}")
+    with pytest.raises(ConfigError, match="algorithm.records_mode: .*did you mean"):
+        from_yaml(RunConfig, "algorithm: {name: records, records_mode: awr}")
+    # settings of another algorithm, or of another mode of this one, are refused with the key named
+    with pytest.raises(ConfigError, match="algorithm.beta: .*'beta' is a setting of dpo"):
+        from_yaml(RunConfig, "algorithm: {name: records, beta: 0.5}")
+    with pytest.raises(ConfigError, match="simpo_gamma is a setting of loss_type=simpo"):
+        from_yaml(RunConfig, "algorithm: {name: dpo, simpo_gamma: 0.3}")
+    with pytest.raises(ConfigError, match="odpo_alpha is used only with margin_column"):
+        from_yaml(RunConfig, "algorithm: {name: dpo, odpo_alpha: 2.0}")
     with pytest.raises(ConfigError, match="data.path .* or data.task"):
         from_yaml(RunConfig, "algorithm: {name: reward_model}\ndata: {task: ''}")
     with pytest.raises(ConfigError, match="rewards"):  # online algorithms still need rewards

@@ -10,7 +10,7 @@ import pytest
 from rljax.config import from_yaml
 from rljax.rewards import build_rewards
 from rljax.run_config import RunConfig
-from rljax.train_offline import OfflineTrainer
+from rljax.training import OfflineTrainer
 from tests._tiny import make_tiny_model_dir
 
 LOWER, DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
@@ -46,9 +46,8 @@ def data_dir(tmp_path_factory):
 def _cfg(tiny_dir, path, run_dir, *, steps, offline=""):
     return from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir}}}
-data: {{task: "", path: {path}, eval_size: 32, max_prompt_length: 64}}
-algorithm: {{name: reward_model}}
-offline: {{batch_size: 16, eval_fraction: 0.2, max_completion_length: 16 {offline}}}
+data: {{task: "", path: {path}, eval_size: 32, max_prompt_length: 64, eval_fraction: 0.2}}
+algorithm: {{name: reward_model, batch_size: 16, max_completion_length: 16 {offline}}}
 optim: {{learning_rate: 3.0e-3}}
 train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
 """)

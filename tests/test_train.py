@@ -12,7 +12,9 @@ import pytest
 from rljax.config import from_yaml, load_config
 from rljax.rewards.base import per_sample, register_reward
 from rljax.run_config import RunConfig
-from rljax.train import NonFiniteLossError, Trainer
+from rljax.training import OnlineTrainer as Trainer
+from rljax.training import trainer_for
+from rljax.update import NonFiniteLossError
 from tests._tiny import make_tiny_model_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,22 +97,22 @@ def test_a_separate_critics_value_loss_never_reaches_the_policy(tiny_dir, tmp_pa
                    steps=1)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=4, lora_targets=("wq", "wv")))
         trainer = Trainer(cfg)
-        before = (_leaves(trainer.params), _leaves(trainer.critic_params))
+        before = (_leaves(trainer.run.policy.params), _leaves(trainer.run.critic.params))
         trainer.step_once()
         trainers[vf_coef] = (trainer, before)
     (small, (policy0, critic0)), (large, _) = trainers[0.01], trainers[10.0]
-    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(small.params)]
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(small.run.policy.params)]
     assert len(names) == 4 and all("_lora_" in n for n in names), names
-    assert any(not np.array_equal(a, b) for a, b in zip(policy0, _leaves(small.params)))  # the policy learned
-    for a, b in zip(_leaves(small.params), _leaves(large.params)):
+    assert any(not np.array_equal(a, b) for a, b in zip(policy0, _leaves(small.run.policy.params)))  # the policy learned
+    for a, b in zip(_leaves(small.run.policy.params), _leaves(large.run.policy.params)):
         np.testing.assert_array_equal(a, b)
-    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(small.critic_params), _leaves(large.critic_params)))
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(small.run.critic.params), _leaves(large.run.critic.params)))
     # The head starts at zero, so the first step moves only the head; from the second on the whole
     # critic (every transformer weight, not LoRA) trains.
-    small.step = 1
+    assert small.step == 1  # step_once advances the step
     small.step_once()
     moved = {jax.tree_util.keystr(p): not np.array_equal(a, np.asarray(b)) for (p, b), a in
-             zip(jax.tree_util.tree_leaves_with_path(small.critic_params), critic0)}
+             zip(jax.tree_util.tree_leaves_with_path(small.run.critic.params), critic0)}
     assert all(moved.values()), moved
 
 
@@ -162,8 +164,17 @@ def test_bad_config_names_the_key(tmp_path):
         from_yaml(RunConfig, "optim: {learning_rat: 1.0}\nrewards: {answer: 1.0}")
     with pytest.raises(ConfigError, match="rewards"):
         from_yaml(RunConfig, "train: {steps: 1}")
-    with pytest.raises(ConfigError, match="critic: separate is a PPO setting"):
+    # a setting of another algorithm is refused with its key named, not silently ignored
+    with pytest.raises(ConfigError, match="algorithm.critic: .*'critic' is a setting of ppo"):
         from_yaml(RunConfig, "algorithm: {name: grpo, critic: separate}\nrewards: {answer: 1.0}")
+    with pytest.raises(ConfigError, match="algorithm.gamma: .*does nothing for algorithm 'grpo'"):
+        from_yaml(RunConfig, "algorithm: {name: grpo, gamma: 0.9}\nrewards: {answer: 1.0}")
+    with pytest.raises(ConfigError, match="algorithm.missing_eos_penalty: .*setting of ppo"):
+        from_yaml(RunConfig, "algorithm: {name: rloo, missing_eos_penalty: 1.0}\nrewards: {answer: 1.0}")
+    with pytest.raises(ConfigError, match="epsilon_high does nothing with loss: reinforce"):
+        from_yaml(RunConfig, "algorithm: {name: rloo, loss: reinforce, epsilon_high: 0.28}\nrewards: {answer: 1.0}")
+    with pytest.raises(ConfigError, match="rewards"):
+        from_yaml(RunConfig, "algorithm: {name: reinforce_pp}")
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))))
@@ -172,11 +183,9 @@ def test_every_config_parses_and_runs_a_smoke_step(path, tiny_dir, tmp_path):
                                         "train.progress=false", "data.train_size=32", "data.eval_size=4",
                                         "sampling.max_new_tokens=4",
                                         "data.max_prompt_length=512"])  # byte-level tiny tokenizer: long prompts
-    if cfg.algorithm.is_offline:  # dpo, reward_model, offline: the offline loop, held-out objective
-        from rljax.train_offline import OfflineTrainer
-
-        summary = OfflineTrainer(cfg).fit()
-        assert "eval/loss" in summary["after"] and summary["steps"] == 1
-    else:
-        summary = Trainer(cfg).fit()
+    summary = trainer_for(cfg).fit()
+    assert summary["steps"] == 1
+    if cfg.is_online:
         assert "eval/reward" in summary["after"]
+    else:  # dpo, reward_model, records: the held-out objective
+        assert "eval/loss" in summary["after"]

@@ -11,7 +11,7 @@ import pytest
 from rljax.config import from_yaml
 from rljax.rewards.base import per_sample, register_reward
 from rljax.run_config import RunConfig
-from rljax.train import Trainer
+from rljax.training import OnlineTrainer as Trainer
 from tests._tiny import make_tiny_model_dir
 
 # Binary and rare: most groups of 4 get all-zero rewards, which dynamic sampling must replace.
@@ -68,9 +68,9 @@ train: {{steps: 2, run_dir: {tmp_path}, progress: false}}
 rewards: {{starts_with_a: 1.0}}
 """)
     trainer = Trainer(cfg)
-    frozen_before = [np.asarray(x) for x in jax.tree.leaves(trainer.frozen)]
+    frozen_before = [np.asarray(x) for x in jax.tree.leaves(trainer.run.policy.frozen)]
     trainer.fit()
-    trained = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(trainer.params)]
+    trained = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(trainer.run.policy.params)]
     assert len(trained) == 4 and all("_lora_" in name for name in trained), trained
-    for before, after in zip(frozen_before, jax.tree.leaves(trainer.frozen)):
+    for before, after in zip(frozen_before, jax.tree.leaves(trainer.run.policy.frozen)):
         np.testing.assert_array_equal(before, np.asarray(after))  # base weights never change
