@@ -104,6 +104,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the corpus module beside this file
 
 import _sentiment_corpus as corpus  # noqa: E402
+from rljax.host_memory import keep_host_memory  # noqa: E402
 
 NAME = "dpo_sentiment_frontier"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -545,6 +546,7 @@ def plot(results: list[dict[str, Any]], preset: Preset, out: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_host_memory()  # process-wide malloc settings, before any JAX work (rljax/host_memory.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--smoke", action="store_true", help="seconds: plumbing check for the tests")

@@ -64,6 +64,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paper_repro import _arith_policy as ap  # noqa: E402
+from rljax.host_memory import keep_host_memory  # noqa: E402
 from rljax.reporting import markdown_table, mean_std  # noqa: E402
 
 NAME = "dr_grpo_length_bias"
@@ -111,6 +112,7 @@ def verdict(per_seed: dict[str, list[dict]]) -> str:
 
 
 def main(argv=None) -> dict:
+    keep_host_memory()  # process-wide malloc settings, before any JAX work (rljax/host_memory.py)
     run = ap.setup(NAME, __doc__.splitlines()[0], argv, PRESETS)
     preset, out, p, seeds, steps, log = run.preset, run.out, run.p, run.seeds, run.steps, run.log
     spec, model_dir, policy_stats = run.spec, run.model_dir, run.policy_stats

@@ -209,8 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
+_KEEP_HOST_MEMORY = ("train", "eval", "generate")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    if args.command in _KEEP_HOST_MEMORY:
+        from rljax.host_memory import keep_host_memory
+
+        keep_host_memory()  # process-wide, so here at the entry point and before any JAX work
     return args.func(args)
 
 

@@ -36,9 +36,10 @@ characters / 256), so the groups have non-zero advantages and the whole loss run
   ``OMP_WAIT_POLICY=PASSIVE`` (see ``sampler.py``: spinning OpenMP workers on a shared 2-core machine
   made torch 5-10x slower). The first step of each side is a warm-up (rljax: the compiles) and is not
   counted; the median of the rest is reported.
-- Both: the glibc malloc settings rljax applies on import (``rljax/host_memory.py``: freed memory
-  stays in the process, so large buffers are not page-faulted in again on every call); the TRL child
-  applies them too (it imports only ``rljax.host_memory``, no JAX) unless ``--trl-default-malloc``.
+- Both: the glibc malloc settings of ``rljax/host_memory.py`` (freed memory stays in the process, so
+  large buffers are not page-faulted in again on every call), applied first thing in each child as
+  ``rljax train`` does; the TRL child imports only ``rljax.host_memory`` (no JAX) and skips them with
+  ``--trl-default-malloc``.
 - Each side runs in its own child process, one after the other, so the peak RSS of each is its own
   (rljax: one policy copy + a reference copy + AdamW state + XLA buffers; TRL: policy, reference
   model, AdamW, torch autograd buffers).
@@ -164,6 +165,9 @@ def _gflops(flops: dict, seconds: dict) -> dict:
 
 # ----------------------------------------------------------------------------- rljax side
 def run_rljax(args) -> dict:
+    from rljax.host_memory import keep_host_memory
+
+    keep_host_memory()  # before any JAX work, as `rljax train` does (rljax/host_memory.py)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -173,7 +177,6 @@ def run_rljax(args) -> dict:
 
     from rljax import sampling, train
     from rljax.config import from_yaml
-    from rljax.host_memory import keep_host_memory
     from rljax.run_config import RunConfig
 
     device = jax.devices()[0]
@@ -277,7 +280,7 @@ def trl_settings(args, output_dir: str) -> dict:
 
 
 def run_trl(args) -> dict:
-    # The same glibc malloc settings rljax applies on import (rljax/host_memory.py; JAX-free), so both
+    # The same glibc malloc settings the rljax child applies (rljax/host_memory.py; JAX-free), so both
     # sides run on the same allocator unless --trl-default-malloc: torch's large CPU tensors page-fault
     # through fresh mmaps as XLA's buffers did.
     from rljax.host_memory import keep_host_memory
@@ -433,7 +436,7 @@ def run_child(args, side: str, platform: str = "cpu") -> dict:
         env = dict(os.environ)
         if side == "trl" and args.trl_default_malloc:
             cmd.append("--trl-default-malloc")
-            env["RLJAX_KEEP_HOST_MEMORY"] = "0"  # rljax.host_memory applies its settings on import
+            env["RLJAX_KEEP_HOST_MEMORY"] = "0"  # belt and braces: keep_host_memory() then does nothing
         if side == "rljax":
             env["JAX_PLATFORMS"] = platform
         else:

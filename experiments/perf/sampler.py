@@ -71,6 +71,7 @@ from _common import (  # noqa: E402
 )
 
 from rljax.buckets import bucket_length  # noqa: E402
+from rljax.host_memory import keep_host_memory  # noqa: E402
 from rljax.models import load  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.registry import resolve  # noqa: E402
@@ -234,6 +235,7 @@ def _platforms(requested):
 
 
 def main(argv=None) -> dict:
+    keep_host_memory()  # before any JAX work (rljax/host_memory.py), as `rljax generate` does
     args = parse_args(argv)
     threads = thread_count()
     print(f"# sampler benchmark: {MODEL_NAME} float32, new tokens {args.new_tokens}, batches {args.batch_sizes}, "
