@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import advantages as adv
-from rljax.logprobs import completion_logprobs
+from rljax.logprobs import completion_logprobs, completion_values
 from rljax.losses.policy import policy_gradient_loss
 from rljax.losses.value import value_loss
 from rljax.run_config import AlgorithmSection
@@ -62,19 +62,6 @@ def batch_totals(batch: dict) -> dict:
 def shared_value_head(cfg: AlgorithmSection) -> bool:
     """Whether the policy carries the value head (PPO with ``critic: shared``)."""
     return cfg.name == "ppo" and cfg.critic == "shared"
-
-
-def completion_values(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jnp.ndarray:
-    """Value-head estimates ``[B, N]`` at the state before each completion token (no logits).
-
-    Prompts ``[B, P]`` left-padded, completions ``[B, N]`` right-padded; the same positions as
-    ``completion_logprobs(..., with_values=True)["values"]``.
-    """
-    P, N = prompt_ids.shape[1], completion_ids.shape[1]
-    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1)
-    mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
-    hidden, _ = model.forward(ids, mask)
-    return model.values(hidden[:, P - 1 : P + N - 1])
 
 
 def critic_loss(model, batch: dict, cfg: AlgorithmSection, *, num_sequences, num_tokens, max_length: int):

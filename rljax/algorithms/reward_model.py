@@ -20,23 +20,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from rljax.algorithms.dpo import flatten_responses
+from rljax.logprobs import sequence_rewards
 from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
 from rljax.run_config import OfflineSection
-
-
-def sequence_rewards(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jnp.ndarray:
-    """Scalar reward ``[R]``: the value head at the last real token of prompt + completion.
-
-    Prompts ``[R, P]`` left-padded, completions ``[R, N]`` right-padded (an empty completion reads
-    the last prompt token).
-    """
-    P = prompt_ids.shape[1]
-    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1)
-    mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
-    hidden, _ = model.forward(ids, mask)  # [R, P + N, D]
-    last = P - 1 + jnp.sum(completion_mask != 0, axis=-1)  # [R]
-    at_last = jnp.take_along_axis(hidden, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]  # [R, D]
-    return model.values(at_last)
 
 
 def response_rewards(model, batch: dict) -> jnp.ndarray:
