@@ -32,12 +32,11 @@ _META = "rljax_reward_model.json"
 
 @functools.lru_cache(maxsize=4)
 def _load_reward_model(path: str, dtype: str):
-    import jax.numpy as jnp
     from flax import nnx
 
-    from rljax.models import load
+    from rljax.models import dtype_from_name, load
 
-    model, tokenizer = load(path, dtype=jnp.bfloat16 if dtype == "bfloat16" else jnp.float32, value_head=True)
+    model, tokenizer = load(path, dtype=dtype_from_name(dtype), value_head=True)
     if model.value_head is None:  # pragma: no cover - load(value_head=True) always builds one
         raise ValueError(f"{path}: no value head")
     graphdef, state = nnx.split(model)
