@@ -1,7 +1,7 @@
-"""rljax: reinforcement-learning fine-tuning of language models in JAX."""
+"""rljax: reinforcement-learning fine-tuning of language models in JAX.
 
-from rljax.host_memory import keep_host_memory
-
-keep_host_memory()  # before JAX's threads start: see rljax/host_memory.py
+Importing rljax changes nothing process-wide: the glibc malloc settings of rljax/host_memory.py are
+applied by the entry points that run long jobs (``rljax train | eval | generate``), not on import.
+"""
 
 __version__ = "0.1.0"

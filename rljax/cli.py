@@ -35,14 +35,12 @@ def _add_generate(sub) -> None:
 
 def _generate(args) -> int:
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from rljax.models import load
+    from rljax.models import dtype_from_name, load
     from rljax.sampling import SamplingConfig, generate
 
-    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-    model, tokenizer = load(args.model, dtype=dtype)
+    model, tokenizer = load(args.model, dtype=dtype_from_name(args.dtype))
     texts = []
     for prompt in args.prompt:
         if args.chat:
@@ -93,10 +91,10 @@ def _convert(args) -> int:
     import json
     import os
 
-    import ml_dtypes
     import numpy as np
     from safetensors.numpy import save_file
 
+    from rljax.models import dtype_from_name
     from rljax.models.gguf_io import read_gguf
     from rljax.models.registry import resolve
 
@@ -104,7 +102,7 @@ def _convert(args) -> int:
     if resolved.kind != "gguf":
         raise SystemExit(f"convert reads GGUF files; {args.source!r} is a {resolved.kind}")
     checkpoint = read_gguf(resolved.path)
-    dtype = ml_dtypes.bfloat16 if args.dtype == "bfloat16" else np.float32
+    dtype = dtype_from_name(args.dtype)
     os.makedirs(args.output, exist_ok=True)
     tensors = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in checkpoint.state_dict.items()}
     save_file(tensors, os.path.join(args.output, "model.safetensors"), metadata={"format": "pt"})
@@ -209,8 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
+_KEEP_HOST_MEMORY = ("train", "eval", "generate")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    if args.command in _KEEP_HOST_MEMORY:
+        from rljax.host_memory import keep_host_memory
+
+        keep_host_memory()  # process-wide, so here at the entry point and before any JAX work
     return args.func(args)
 
 

@@ -21,10 +21,13 @@ allocations (``M_MMAP_MAX=0``) and no trimming of the heap's top (``M_TRIM_THRES
 maximum). Cost: memory a process has freed is kept for its next allocation instead of being
 returned to the operating system, so the resident size stays at its peak.
 
-``rljax/__init__.py`` calls :func:`keep_host_memory` on import, before JAX starts its thread pool
-(threads that already have an arena keep it: import rljax before running anything in JAX for the
-full effect). ``RLJAX_KEEP_HOST_MEMORY=0`` turns it off; it does nothing where the C library is not
-glibc (macOS, musl) and on non-Linux systems.
+Where: importing rljax changes nothing; the settings are process-wide, so the process's entry point
+applies them. ``rljax.cli.main`` calls :func:`keep_host_memory` for ``train``, ``eval`` and
+``generate`` before any JAX work, and so do the long-running scripts in ``experiments/perf/`` and
+``paper_repro/``; a script of your own calls it first thing. Call it before JAX starts its thread
+pool: threads that already have an arena keep it. ``RLJAX_KEEP_HOST_MEMORY=0`` turns it off (the
+call then does nothing); it also does nothing where the C library is not glibc (macOS, musl) and on
+non-Linux systems. :func:`applied` tells whether (and if) it has run in this process.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ _M_ARENA_MAX = -8
 
 ENV_SWITCH = "RLJAX_KEEP_HOST_MEMORY"
 _applied: bool | None = None
+
+
+def applied() -> bool | None:
+    """Whether the settings are in effect in this process: None until :func:`keep_host_memory` runs."""
+    return _applied
 
 
 def keep_host_memory() -> bool:
@@ -66,4 +74,4 @@ def keep_host_memory() -> bool:
     return _applied
 
 
-__all__ = ["ENV_SWITCH", "keep_host_memory"]
+__all__ = ["ENV_SWITCH", "applied", "keep_host_memory"]

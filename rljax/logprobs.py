@@ -1,4 +1,5 @@
-"""Per-token log-probabilities and entropies from logits, shared by the sampler and the trainer.
+"""Per-token log-probabilities and entropies from logits, shared by the sampler and the trainer;
+the trainer's forward passes over prompt + completion (log-probs, values, sequence rewards).
 
 Both sides divide the logits by the sampling temperature before the softmax, so the sampler's
 log-probs and the training forward pass's log-probs of the same tokens agree to float32 precision
@@ -30,6 +31,23 @@ def entropy(logits: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
+def _forward_prompt_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jax.Array:
+    """Hidden states ``[B, P + N, D]`` of prompt ``[B, P]`` (left-padded) followed by completion ``[B, N]``.
+
+    The one place the trainer's forward passes join prompt and completion; ``model`` is any object
+    with ``forward(ids, mask) -> (hidden, cache)`` (rljax.models.Transformer).
+    """
+    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1)
+    mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
+    hidden, _ = model.forward(ids, mask)
+    return hidden
+
+
+def _before_each_completion_token(hidden: jax.Array, prompt_length: int, completion_length: int) -> jax.Array:
+    """``[B, N, D]``: the states that predict the completion tokens (position t predicts token t + 1)."""
+    return hidden[:, prompt_length - 1 : prompt_length + completion_length - 1]
+
+
 def completion_logprobs(
     model,
     prompt_ids: jax.Array,
@@ -48,12 +66,8 @@ def completion_logprobs(
     ``[B, N]`` (the value head's estimate at the state *before* each completion token) when asked.
     Logits are computed only for the N positions that predict completion tokens.
     """
-    P = prompt_ids.shape[1]
-    N = completion_ids.shape[1]
-    ids = jnp.concatenate([prompt_ids, completion_ids], axis=1)
-    mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
-    hidden, _ = model.forward(ids, mask)
-    hidden = hidden[:, P - 1 : P + N - 1]  # position t predicts token t + 1
+    hidden = _forward_prompt_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    hidden = _before_each_completion_token(hidden, prompt_ids.shape[1], completion_ids.shape[1])
     logits = model.logits(hidden)  # [B, N, V]
     out = {"logprobs": token_logprobs(logits, completion_ids, temperature=temperature)}
     if with_entropy:
@@ -61,3 +75,25 @@ def completion_logprobs(
     if with_values:
         out["values"] = model.values(hidden)
     return out
+
+
+def completion_values(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jax.Array:
+    """Value-head estimates ``[B, N]`` at the state before each completion token (no logits).
+
+    Prompts ``[B, P]`` left-padded, completions ``[B, N]`` right-padded; the same positions as
+    ``completion_logprobs(..., with_values=True)["values"]``.
+    """
+    hidden = _forward_prompt_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return model.values(_before_each_completion_token(hidden, prompt_ids.shape[1], completion_ids.shape[1]))
+
+
+def sequence_rewards(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> jax.Array:
+    """Scalar reward ``[B]``: the value head at the last real token of prompt + completion.
+
+    Prompts ``[B, P]`` left-padded, completions ``[B, N]`` right-padded, so the last real token sits
+    at ``P - 1 + (number of completion tokens)``; an empty completion reads the last prompt token.
+    """
+    hidden = _forward_prompt_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    last = prompt_ids.shape[1] - 1 + jnp.sum(completion_mask != 0, axis=-1)  # [B]
+    at_last = jnp.take_along_axis(hidden, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]  # [B, D]
+    return model.values(at_last)

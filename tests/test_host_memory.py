@@ -1,6 +1,6 @@
-"""rljax's import applies the glibc malloc settings (rljax/host_memory.py) unless switched off.
+"""The glibc malloc settings (rljax/host_memory.py): `import rljax` leaves malloc alone, the call applies them.
 
-(The test suite itself runs with them off: tests/conftest.py.)
+(The test suite itself runs with them off: tests/conftest.py. Each check runs in a fresh process.)
 """
 
 import os
@@ -13,17 +13,33 @@ import pytest
 from rljax import host_memory
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-PROBE = "import rljax.host_memory as h; print(h._applied)"  # what `import rljax` did
+# Everything rljax's top-level package and the CLI module import, then the state of the settings.
+IMPORT_ONLY = "import rljax, rljax.cli, rljax.host_memory as h; print(h.applied())"
+IMPORT_AND_CALL = "import rljax.host_memory as h; print(h.keep_host_memory(), h.applied())"
 
 
-def _applied_in_a_fresh_process(switch: str) -> str:
+def _in_a_fresh_process(probe: str, switch: str) -> str:
     env = {**os.environ, host_memory.ENV_SWITCH: switch}
-    return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
+def test_import_leaves_malloc_untouched():
+    assert _in_a_fresh_process(IMPORT_ONLY, "1") == "None"
+
+
 @pytest.mark.skipif(not GLIBC, reason="the settings exist only for glibc's malloc")
-def test_import_applies_the_settings_and_the_switch_turns_them_off():
-    assert _applied_in_a_fresh_process("1") == "True"
-    assert _applied_in_a_fresh_process("0") == "False"
-    assert host_memory._applied is False  # this process: tests/conftest.py switched them off
+def test_the_call_applies_the_settings_and_the_switch_turns_them_off():
+    assert _in_a_fresh_process(IMPORT_AND_CALL, "1") == "True True"
+    assert _in_a_fresh_process(IMPORT_AND_CALL, "0") == "False False"
+    assert host_memory.applied() in (None, False)  # this process: tests/conftest.py switched them off
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings exist only for glibc's malloc")
+def test_the_cli_applies_them_for_train_and_not_for_convert():
+    probe = ("import rljax.cli as c, rljax.host_memory as h\n"
+             "try:\n    c.main([{command!r}, '/nonexistent/config.yaml', '/nonexistent/out'][:{n}])\n"
+             "except (Exception, SystemExit):\n    pass\n"
+             "print(h.applied())")
+    assert _in_a_fresh_process(probe.format(command="train", n=2), "1") == "True"
+    assert _in_a_fresh_process(probe.format(command="convert", n=3), "1") == "None"

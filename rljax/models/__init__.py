@@ -11,9 +11,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from rljax.models.config import ModelConfig, UnsupportedConfigError
+from rljax.models.dtypes import DTYPE_NAMES, dtype_from_name
 from rljax.models.transformer import KVCache, Transformer, init_model
 
-__all__ = ["KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "init_model", "load"]
+__all__ = ["DTYPE_NAMES", "KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "dtype_from_name",
+           "init_model", "load"]
 
 
 def load(
