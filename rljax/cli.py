@@ -35,38 +35,27 @@ def _add_generate(sub) -> None:
 
 def _generate(args) -> int:
     import jax
-    import numpy as np
-
+    from rljax.data.batching import pad_token_id
     from rljax.models import dtype_from_name, load
-    from rljax.sampling import SamplingConfig, generate
+    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.sampling import SamplingConfig
 
     model, tokenizer = load(args.model, dtype=dtype_from_name(args.dtype))
-    texts = []
-    for prompt in args.prompt:
-        if args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt})
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        texts.extend([prompt] * args.num_samples)
-    encoded = [tokenizer(t, add_special_tokens=not args.chat)["input_ids"] for t in texts]
-    width = max(map(len, encoded))
-    ids = np.zeros((len(encoded), width), np.int32)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(encoded):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
-    stop = tuple(sorted({t for t in (model.config.eos_token_ids or ()) if t is not None}
-                        | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop[0] if stop else 0)
+    # raw prompts (no --chat) get the tokenizer's special tokens (BOS), as a base model expects;
+    # --system only applies to the chat template. A prompt may fill the context less the completion.
+    fmt = PromptFormat(chat=args.chat, system_prompt=(args.system or "") if args.chat else "",
+                       add_special_tokens=not args.chat,
+                       max_prompt_length=max(1, model.config.max_position_embeddings - args.max_new_tokens))
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, stop_token_ids=stop, ignore_eos=args.ignore_eos, pad_token_id=pad)
+                            top_p=args.top_p, stop_token_ids=stop_token_ids(tokenizer, model.config),
+                            ignore_eos=args.ignore_eos, pad_token_id=pad_token_id(tokenizer))
     start = time.perf_counter()
-    out = generate(model, ids, mask, jax.random.key(args.seed), config)
-    out.tokens.block_until_ready()
+    roll = rollout(model, tokenizer, args.prompt, jax.random.key(args.seed), sampling=config, fmt=fmt,
+                   repeats=args.num_samples)
     seconds = time.perf_counter() - start
-    lengths = np.asarray(out.mask.sum(axis=-1))
-    for i, text in enumerate(texts):
-        completion = tokenizer.decode(np.asarray(out.tokens[i, : lengths[i]]), skip_special_tokens=True)
-        print(f"--- [{i}] ({lengths[i]} tokens{', stopped' if out.finished[i] else ''})")
+    lengths = roll.completion_mask.sum(axis=-1)
+    for i, completion in enumerate(roll.texts):
+        print(f"--- [{i}] ({lengths[i]} tokens{', stopped' if roll.finished[i] else ''})")
         print(completion)
     print(f"# {int(lengths.sum())} new tokens in {seconds:.2f} s (compile included)", file=sys.stderr)
     return 0

@@ -1,0 +1,287 @@
+"""Prompts -> encode -> generate -> decode -> score: the one path from prompt text to scored samples.
+
+    fmt = PromptFormat(chat=True, system_prompt=R1_SYSTEM_PROMPT, max_prompt_length=256)
+    sampling = sampling_config(cfg.sampling, tokenizer, model.config)
+    roll = rollout((graphdef, params, frozen), tokenizer, examples, key, sampling=sampling, fmt=fmt,
+                   repeats=8, rewards=build_rewards(cfg.rewards))
+    roll.completion_ids, roll.logprobs, roll.scores, roll.texts     # rows example-major
+
+``rollout`` formats each prompt (chat template, system prompt, assistant prefix), tokenises and
+left-pads them (``encode_prompts``), repeats each prompt ``repeats`` times, samples with the jitted
+KV-cache sampler (``rljax.sampling.generate``), decodes the completions (the assistant prefix, which
+the prompt already ends with, is put back in front: rewards score the whole response) and scores
+them with a ``RewardSet``. The result, :class:`Rollout`, is host-side numpy: the trainers turn its
+arrays into batches, the pair builder (``rljax.pairs``) and the command line read its texts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from rljax.data.batching import TokenizedPrompts, pad_token_id, tokenize_prompts
+from rljax.data.prompts import format_prompt
+from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
+from rljax.sampling import SamplingConfig, generate
+
+__all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "rollout", "sampling_config",
+           "stop_token_ids"]
+
+
+def stop_token_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:
+    """The tokens that end a completion: the sorted union of ``model_config.eos_token_ids`` (None
+    entries ignored) and ``tokenizer.eos_token_id`` (if set).
+
+    Both count because they disagree in practice: a chat model's config may list only the base
+    model's ``<|endoftext|>`` while its tokenizer (and chat template) ends a turn with ``<|im_end|>``.
+    """
+    ids = {int(t) for t in (getattr(model_config, "eos_token_ids", None) or ()) if t is not None}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    return tuple(sorted(ids))
+
+
+def sampling_config(section: Any, tokenizer: Any, model_config: Any, *, evaluation: bool = False) -> SamplingConfig:
+    """The :class:`SamplingConfig` of a run's ``sampling`` section (``rljax.run_config``'s, or anything
+    with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``eval_temperature``).
+
+    Stops at :func:`stop_token_ids`, pads with ``rljax.data.batching.pad_token_id``. ``evaluation=True``
+    samples at ``eval_temperature`` without top-k / top-p truncation (0 = greedy).
+    """
+    common = dict(max_new_tokens=section.max_new_tokens, stop_token_ids=stop_token_ids(tokenizer, model_config),
+                  pad_token_id=pad_token_id(tokenizer))
+    if evaluation:
+        return SamplingConfig(temperature=section.eval_temperature, **common)
+    return SamplingConfig(temperature=section.temperature, top_k=section.top_k, top_p=section.top_p, **common)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How prompt text becomes prompt tokens.
+
+    ``chat``: render with the tokenizer's chat template (``rljax.data.prompts.format_prompt``), else
+    the raw text (the system prompt, if any, then a blank line). ``system_prompt``: "" = none.
+    ``assistant_prefix``: text that starts every response (the prompt ends with it; rewards score
+    prefix + completion). ``max_prompt_length``: tokens; a longer prompt raises (``too_long="error"``,
+    naming it) or is dropped and counted (``"filter"``). ``add_special_tokens``: let the tokenizer add
+    its special tokens (BOS) -- for raw prompts to base models (``rljax generate`` without ``--chat``);
+    leave False for chat-templated text, which holds any BOS already. ``buckets``: the widths prompts
+    are padded to (None: ``rljax.data.batching.default_buckets(max_prompt_length)``; one width pins
+    every batch to it).
+    """
+
+    chat: bool = True
+    system_prompt: str = ""
+    assistant_prefix: str = ""
+    max_prompt_length: int = 128
+    too_long: str = "error"
+    add_special_tokens: bool = False
+    buckets: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.too_long not in ("error", "filter"):
+            raise ValueError(f"PromptFormat.too_long must be 'error' or 'filter', got {self.too_long!r}")
+        if self.max_prompt_length < 1:
+            raise ValueError(f"PromptFormat.max_prompt_length must be positive, got {self.max_prompt_length}")
+
+    @classmethod
+    def from_data(cls, data: Any) -> "PromptFormat":
+        """The format of a run's ``data`` section (``chat``, ``system_prompt``, ``assistant_prefix``,
+        ``max_prompt_length``, ``too_long``)."""
+        return cls(chat=data.chat, system_prompt=data.system_prompt or "", assistant_prefix=data.assistant_prefix,
+                   max_prompt_length=data.max_prompt_length, too_long=data.too_long)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict]], fmt: PromptFormat) -> TokenizedPrompts:
+    """Format (``format_prompt``) and tokenise ``prompts``, left-padded to a bucket width
+    (``rljax.data.batching.tokenize_prompts``): ``(input_ids, attention_mask, kept, dropped)``.
+
+    A prompt over ``fmt.max_prompt_length`` tokens raises with ``too_long="error"`` (naming its
+    index, its start and its length) and is dropped with ``"filter"`` (``kept`` indexes the rows
+    into ``prompts``; ``dropped`` counts the others).
+    """
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a sequence of prompts, got one str")
+    texts = [format_prompt(tokenizer, p, system_prompt=fmt.system_prompt or None, chat=fmt.chat,
+                           assistant_prefix=fmt.assistant_prefix) for p in prompts]
+    # filter first, then raise with the prompt itself (the formatted text starts with the template)
+    tok = tokenize_prompts(tokenizer, texts, max_prompt_length=fmt.max_prompt_length, too_long="filter",
+                           buckets=fmt.buckets, add_special_tokens=fmt.add_special_tokens)
+    if tok.dropped and fmt.too_long == "error":
+        i = sorted(set(range(len(texts))) - set(tok.kept.tolist()))[0]
+        n = len(tokenizer(texts[i], add_special_tokens=fmt.add_special_tokens)["input_ids"])
+        raise ValueError(f"prompt {i} ({_excerpt(prompts[i])}) is {n} tokens long once formatted, over "
+                         f"max_prompt_length={fmt.max_prompt_length} (raise the limit, e.g. "
+                         "data.max_prompt_length, or set too_long='filter' to drop such prompts)")
+    return tok
+
+
+def _excerpt(prompt: Any, limit: int = 60) -> str:
+    text = prompt if isinstance(prompt, str) else " / ".join(str(m.get("content", "")) for m in prompt)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+@dataclasses.dataclass
+class Rollout:
+    """Sampled and scored completions, host-side (numpy). Rows are example-major: the ``repeats``
+    samples of example ``i`` are rows ``i * repeats ... (i + 1) * repeats - 1``.
+
+    ``reward_metrics`` of a :meth:`take` or :func:`concat_rollouts` result are recomputed from its
+    rows (``rljax.rewards.base.reward_metrics`` of ``per_function``, ``scores``, ``row_mask``), so
+    they always describe exactly the rows held; ``reward/total/*`` then come from the float32
+    ``scores`` (equal to ``RewardSet.metrics`` within float32 rounding).
+    """
+
+    prompt_ids: np.ndarray  # [R, P] int32, left-padded
+    prompt_mask: np.ndarray  # [R, P] int32
+    completion_ids: np.ndarray  # [R, N] int32, right-padded
+    completion_mask: np.ndarray  # [R, N] int32, 1 up to and including the stop token
+    logprobs: np.ndarray  # [R, N] float32, the sampler's log-probs (0 where the mask is 0)
+    finished: np.ndarray  # [R] bool, emitted a stop token
+    texts: list[str]  # assistant_prefix + decoded completion (special tokens skipped)
+    examples: list[dict]  # each row's example, plus "completion_length" (its token count)
+    scores: np.ndarray | None  # [R] float32 weighted reward total, NaN replaced by 0 (None without rewards)
+    row_mask: np.ndarray | None  # [R] bool, False where a reward function failed (None without rewards)
+    per_function: dict[str, np.ndarray]  # reward name -> [R] float64 unweighted values, NaN = failed
+    reward_metrics: dict[str, float]  # RewardSet.metrics of the rows ({} without rewards)
+    num_dropped: int = 0  # prompts dropped by too_long="filter" (they have no rows)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def take(self, rows) -> "Rollout":
+        """The rows ``rows`` (indices, a slice or a boolean mask ``[R]``), widths unchanged;
+        ``reward_metrics`` recomputed for them, ``num_dropped`` kept."""
+        idx = np.arange(len(self))[rows]
+        idx = np.atleast_1d(idx)
+        return Rollout(
+            prompt_ids=self.prompt_ids[idx], prompt_mask=self.prompt_mask[idx],
+            completion_ids=self.completion_ids[idx], completion_mask=self.completion_mask[idx],
+            logprobs=self.logprobs[idx], finished=self.finished[idx],
+            texts=[self.texts[i] for i in idx], examples=[self.examples[i] for i in idx],
+            scores=None if self.scores is None else self.scores[idx],
+            row_mask=None if self.row_mask is None else self.row_mask[idx],
+            per_function={k: v[idx] for k, v in self.per_function.items()},
+            reward_metrics=_recompute_metrics(self.scores, self.row_mask, self.per_function, idx),
+            num_dropped=self.num_dropped,
+        )
+
+
+def _recompute_metrics(scores, row_mask, per_function, idx=None) -> dict[str, float]:
+    if scores is None:
+        return {}
+    if idx is not None:
+        scores, row_mask = scores[idx], row_mask[idx]
+        per_function = {k: v[idx] for k, v in per_function.items()}
+    total = np.where(row_mask, scores.astype(np.float64), np.nan)
+    return reward_metrics(RewardOutput(total, per_function, ~row_mask))
+
+
+def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
+    """The rows of ``rollouts`` one after another.
+
+    Widths may differ (prompts bucketed per call, completions cut at different ``max_new_tokens``):
+    prompts are re-padded on the left to the widest, completions on the right, with ``pad_id``
+    (mask 0, log-prob 0; the ids there are never read). ``reward_metrics`` are recomputed from the
+    rows (see :class:`Rollout`); ``num_dropped`` is the sum. All parts must have rewards (with the
+    same reward names) or none.
+    """
+    if not rollouts:
+        raise ValueError("concat_rollouts needs at least one Rollout")
+    with_rewards = {r.scores is not None for r in rollouts}
+    if len(with_rewards) > 1:
+        raise ValueError("concat_rollouts: some rollouts have rewards and some do not")
+    names = {tuple(r.per_function) for r in rollouts}
+    if len(names) > 1:
+        raise ValueError(f"concat_rollouts: the rollouts have different reward functions: {sorted(names)}")
+    P = max(r.prompt_ids.shape[1] for r in rollouts)
+    N = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def cat(get, width=None, side="right", value=0):
+        parts = []
+        for r in rollouts:
+            a = get(r)
+            if width is not None and a.shape[1] < width:
+                extra = width - a.shape[1]
+                a = np.pad(a, ((0, 0), (extra, 0) if side == "left" else (0, extra)), constant_values=value)
+            parts.append(a)
+        return np.concatenate(parts)
+
+    scores = None if rollouts[0].scores is None else cat(lambda r: r.scores)
+    row_mask = None if rollouts[0].row_mask is None else cat(lambda r: r.row_mask)
+    per_function = {k: cat(lambda r, k=k: r.per_function[k]) for k in rollouts[0].per_function}
+    return Rollout(
+        prompt_ids=cat(lambda r: r.prompt_ids, P, "left", pad_id), prompt_mask=cat(lambda r: r.prompt_mask, P, "left"),
+        completion_ids=cat(lambda r: r.completion_ids, N, "right", pad_id),
+        completion_mask=cat(lambda r: r.completion_mask, N), logprobs=cat(lambda r: r.logprobs, N),
+        finished=cat(lambda r: r.finished),
+        texts=[t for r in rollouts for t in r.texts], examples=[e for r in rollouts for e in r.examples],
+        scores=scores, row_mask=row_mask, per_function=per_function,
+        reward_metrics=_recompute_metrics(scores, row_mask, per_function),
+        num_dropped=sum(r.num_dropped for r in rollouts),
+    )
+
+
+def _as_example(item: Any, index: int) -> dict:
+    if isinstance(item, Mapping):
+        if "prompt" not in item:
+            raise ValueError(f"example {index} has no 'prompt' key (keys: {sorted(item)})")
+        return dict(item)
+    if isinstance(item, (str, list, tuple)):  # prompt text or chat messages
+        return {"prompt": item if isinstance(item, str) else list(item)}
+    raise TypeError(f"example {index} must be a dict with 'prompt', a prompt string or chat messages, "
+                    f"got {type(item).__name__}")
+
+
+def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
+            sampling: SamplingConfig, fmt: PromptFormat, repeats: int = 1,
+            rewards: RewardSet | None = None) -> Rollout:
+    """Sample ``repeats`` completions of each prompt with ``policy`` and score them.
+
+    ``policy``: an nnx ``Transformer`` or its split ``(graphdef, state, ...)`` (as
+    ``rljax.sampling.generate`` takes). ``prompts_or_examples``: dicts with at least ``"prompt"``
+    (text or chat messages; other keys such as ``"answer"`` go to the rewards) or plain prompts.
+    Prompts dropped by ``fmt.too_long="filter"`` have no rows (counted in ``num_dropped``). The
+    same ``key`` gives the same tokens; ``key`` is passed to the sampler as it is.
+    Each row's example gets ``"completion_length"`` (tokens, the stop token included) for
+    length-aware rewards. Without ``rewards``: ``scores`` and ``row_mask`` are None.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    examples = [_as_example(item, i) for i, item in enumerate(prompts_or_examples)]
+    tok = encode_prompts(tokenizer, [ex["prompt"] for ex in examples], fmt)
+    examples = [examples[i] for i in tok.kept]
+    prompt_ids = np.repeat(tok.input_ids, repeats, axis=0)  # [R, P], example-major
+    prompt_mask = np.repeat(tok.attention_mask, repeats, axis=0)
+    R, N = len(prompt_ids), sampling.max_new_tokens
+    if R:
+        out = jax.tree.map(np.asarray, generate(policy, prompt_ids, prompt_mask, key, sampling))
+        tokens, mask, logprobs, finished = out.tokens, out.mask, out.logprobs, out.finished
+    else:  # every prompt filtered out (or none given): no sampler call
+        tokens, mask = np.full((0, N), sampling.pad_token_id, np.int32), np.zeros((0, N), np.int32)
+        logprobs, finished = np.zeros((0, N), np.float32), np.zeros((0,), bool)
+    lengths = mask.sum(-1)
+    texts = [fmt.assistant_prefix + tokenizer.decode(tokens[i, : lengths[i]], skip_special_tokens=True)
+             for i in range(R)]
+    row_examples = [dict(ex, completion_length=int(lengths[i * repeats + j]))
+                    for i, ex in enumerate(examples) for j in range(repeats)]
+    scores = row_mask = None
+    per_function: dict[str, np.ndarray] = {}
+    metrics: dict[str, float] = {}
+    if rewards is not None:
+        if R:
+            reward = rewards(texts, row_examples)
+        else:
+            reward = RewardOutput(np.zeros(0), {name: np.zeros(0) for name in rewards.names}, np.zeros(0, bool))
+        scores = np.nan_to_num(reward.total).astype(np.float32)
+        row_mask = ~reward.missing
+        per_function = reward.per_function
+        metrics = rewards.metrics(reward)
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=tokens, completion_mask=mask,
+                   logprobs=logprobs, finished=finished, texts=texts, examples=row_examples, scores=scores,
+                   row_mask=row_mask, per_function=per_function, reward_metrics=metrics,
+                   num_dropped=int(tok.dropped))
