@@ -62,7 +62,9 @@ def _train_rewards(run_dir):
 
 
 @pytest.mark.parametrize("algo,extra", [("grpo", ", kl_coef: 0.01"), ("rloo", ", kl_coef: 0.01"), ("ppo", ", kl_coef: 0.01"),
-                                        ("ppo", ", kl_coef: 0.01, critic: separate")])
+                                        ("ppo", ", kl_coef: 0.01, critic: separate"),
+                                        ("rloo", ", kl_coef: 0.01, loss: reinforce"),  # the paper's REINFORCE form
+                                        ("reinforce_pp", ", kl_coef: 0.01")])
 def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     summary = Trainer(_cfg(tiny_dir, tmp_path, algo, extra, steps=16)).fit()
     rewards = _train_rewards(tmp_path)
