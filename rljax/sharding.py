@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules, and sharded parameter initialisation and loading.
+"""Device mesh, logical-axis rules, activation constraints, and parameter / batch shardings.
 
 The mesh has three axes, ``('data', 'fsdp', 'tensor')``:
 
@@ -13,7 +13,7 @@ logical name to a mesh axis, a tuple of mesh axes, or ``None`` (replicated); :fu
 turns one parameter's names into a ``PartitionSpec``::
 
     mesh = make_mesh(fsdp=4, tensor=2)                   # 8 devices
-    model = init_sharded(config, mesh, seed=0)           # never materialised unsharded
+    model = rljax.models.sharded_loading.init_sharded(config, mesh, seed=0)  # never unsharded
     graphdef, state = nnx.split(model)                   # what the jitted train/sample steps take
     ids = jax.device_put(ids, batch_sharding(mesh))      # [B, T] split over ('data', 'fsdp')
 
@@ -24,33 +24,24 @@ batch), the model pins its activations with :func:`constrain`, which takes effec
 traced under ``with use_mesh(mesh):`` and is a no-op otherwise. With a one-device mesh (the default
 on a laptop) every spec is trivially satisfied, so trainers can always go through this module.
 
-Checkpoint loading (:func:`load_sharded`, :func:`load_hf_dir_sharded`,
-:func:`load_pretrained_sharded`): safetensors and GGUF readers give host (numpy) arrays; each
-tensor is cast to ``param_dtype`` and placed straight onto its target sharding, one tensor at a
-time, with ``jax.make_array_from_callback`` -- each device receives only its own slice, so no
-device ever holds a whole unsharded parameter set (host memory still holds the checkpoint once).
+This module knows nothing of the model (the model imports :func:`constrain` from here). Building or
+loading a model directly onto its shardings (``init_sharded``, ``load_sharded``,
+``load_hf_dir_sharded``, ``load_pretrained_sharded``) lives in :mod:`rljax.models.sharded_loading`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
-
-if TYPE_CHECKING:  # the model is imported lazily, so that model code can import `constrain` from here
-    from rljax.models.config import ModelConfig
-    from rljax.models.transformer import Transformer
 
 __all__ = [
     "MESH_AXES",
@@ -60,10 +51,6 @@ __all__ = [
     "logical_to_spec",
     "param_shardings",
     "shard_model",
-    "init_sharded",
-    "load_sharded",
-    "load_hf_dir_sharded",
-    "load_pretrained_sharded",
     "batch_sharding",
     "replicated",
     "use_mesh",
@@ -248,9 +235,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-# ------------------------------------------------------------------------- sharded parameters
+# ------------------------------------------------------------------------- placing parameters
 def shard_model(
-    model: Transformer | nnx.Module | tuple[nnx.GraphDef, nnx.State],
+    model: nnx.Module | tuple[nnx.GraphDef, nnx.State],
     mesh: Mesh,
     rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
 ):
@@ -258,152 +245,13 @@ def shard_model(
 
     A module gives a new module (same graph, sharded arrays; the input keeps its arrays); a
     ``(graphdef, state)`` pair gives ``(graphdef, sharded_state)``. Use this for a model already in
-    memory; for a fresh or loaded model prefer :func:`init_sharded` / :func:`load_sharded`, which
-    never hold the unsharded parameters on one device.
+    memory; for a fresh or loaded model prefer ``init_sharded`` / ``load_sharded``
+    (:mod:`rljax.models.sharded_loading`), which never hold the unsharded parameters on one device.
     """
     is_module = isinstance(model, nnx.Module)
     graphdef, state = nnx.split(model) if is_module else model
     state = jax.device_put(state, param_shardings(state, mesh, rules))
     return nnx.merge(graphdef, state) if is_module else (graphdef, state)
-
-
-def init_sharded(
-    config: ModelConfig,
-    mesh: Mesh,
-    *,
-    seed: int = 0,
-    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
-    param_dtype=jnp.float32,
-    dtype=jnp.float32,
-    value_head: bool = False,
-) -> Transformer:
-    """:func:`rljax.models.transformer.init_model`, materialised directly on its shardings.
-
-    The initialiser runs under ``jit`` with ``out_shardings``, so each device computes only its own
-    slices and a model larger than one device's memory never exists unsharded. The values are
-    bitwise those of ``jax.jit(init_model)`` with the same seed on any mesh (threefry random bits do
-    not depend on the sharding). Eagerly run ``init_model`` can differ from any jitted init by one
-    float32 ulp in tensors whose init std is not a power of two: under ``jit`` XLA folds
-    ``std * sqrt(2)`` (``jax.random.normal`` is ``sqrt(2) * erfinv(u)``) into one constant.
-    """
-    from rljax.models.transformer import abstract_model, init_model
-
-    graphdef, abstract_state = nnx.split(
-        abstract_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-    )
-    shardings = param_shardings(abstract_state, mesh, rules)
-
-    def init():
-        model = init_model(config, seed=seed, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-        return nnx.state(model)
-
-    state = jax.jit(init, out_shardings=shardings)()
-    return nnx.merge(graphdef, state)
-
-
-def _place(host: Any, sharding: NamedSharding, dtype) -> jax.Array:
-    """One host tensor onto ``sharding``: each device gets (a cast copy of) only its own slice."""
-    host = np.asarray(host)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: np.asarray(host[index], dtype=dtype))
-
-
-def load_sharded(
-    config: ModelConfig,
-    params: Mapping[str, Any],
-    mesh: Mesh,
-    *,
-    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
-    param_dtype=jnp.float32,
-    dtype=jnp.float32,
-    value_head: bool = False,
-    value_head_params: Mapping[str, Any] | None = None,
-) -> Transformer:
-    """:func:`rljax.models.hf_io.model_from_params` with every tensor placed on its sharding.
-
-    ``params`` is rljax's nested dict of host arrays (what ``params_from_hf_state_dict`` returns,
-    from safetensors or a GGUF file's ``state_dict``). Tensors are cast to ``param_dtype`` and
-    placed one at a time, each device receiving only its slice. ``value_head=True`` adds the value
-    head from ``value_head_params`` (zeros when not given).
-    """
-    from rljax.models.transformer import abstract_model
-
-    graphdef, abstract_state = nnx.split(
-        abstract_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-    )
-    full = dict(params)
-    if value_head:
-        vh = value_head_params or {"w": np.zeros((config.hidden_size,), np.float32), "b": np.zeros((1,), np.float32)}
-        full["value_head"] = dict(vh)
-    expected = jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state))
-    got = jax.tree.map(lambda x: tuple(np.shape(x)), full)
-    if jax.tree.structure(expected) != jax.tree.structure(got) or expected != got:
-        raise ValueError(f"parameter shapes do not match the config: expected {expected}, got {got}")
-    shardings = nnx.to_pure_dict(param_shardings(abstract_state, mesh, rules))
-    placed = jax.tree.map(lambda host, sharding: _place(host, sharding, param_dtype), full, shardings)
-    nnx.replace_by_pure_dict(abstract_state, placed)
-    return nnx.merge(graphdef, abstract_state)
-
-
-def load_hf_dir_sharded(
-    directory: str,
-    mesh: Mesh,
-    *,
-    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
-    param_dtype=jnp.float32,
-    dtype=jnp.float32,
-    value_head: bool = False,
-) -> Transformer:
-    """:func:`rljax.models.hf_io.load_hf_dir`, placing each tensor on its sharding (see :func:`load_sharded`)."""
-    from rljax.models.config import ModelConfig
-    from rljax.models.hf_io import VALUE_HEAD_FILE, _read_safetensors, params_from_hf_state_dict
-
-    with open(os.path.join(directory, "config.json")) as f:
-        config = ModelConfig.from_hf_dict(json.load(f))
-    params = params_from_hf_state_dict(config, _read_safetensors(directory))
-    vh_params = None
-    vh_path = os.path.join(directory, VALUE_HEAD_FILE)
-    if value_head and os.path.exists(vh_path):
-        from safetensors.numpy import load_file
-
-        vh_params = load_file(vh_path)
-    return load_sharded(
-        config, params, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head,
-        value_head_params=vh_params,
-    )
-
-
-def load_pretrained_sharded(
-    name_or_path: str,
-    mesh: Mesh,
-    *,
-    rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES,
-    dtype=jnp.float32,
-    param_dtype=None,
-    value_head: bool = False,
-):
-    """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory."""
-    from rljax.models.config import ModelConfig
-    from rljax.models.registry import resolve
-
-    param_dtype = dtype if param_dtype is None else param_dtype
-    resolved = resolve(name_or_path)
-    if resolved.kind == "gguf":
-        from rljax.models.gguf_io import read_gguf
-        from rljax.models.hf_io import params_from_hf_state_dict
-
-        checkpoint = read_gguf(resolved.path)
-        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
-        params = params_from_hf_state_dict(config, checkpoint.state_dict)
-        model = load_sharded(
-            config, params, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
-        )
-        return model, checkpoint.tokenizer
-    from transformers import AutoTokenizer
-
-    model = load_hf_dir_sharded(
-        resolved.path, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
-    )
-    return model, AutoTokenizer.from_pretrained(resolved.path)
 
 
 # ---------------------------------------------------------------------- activation constraints

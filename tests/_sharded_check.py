@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from rljax import sharding  # noqa: E402
+from rljax.models import sharded_loading  # noqa: E402
 from rljax.logprobs import completion_logprobs  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.transformer import abstract_model, init_model  # noqa: E402
@@ -134,7 +135,7 @@ def main() -> None:
         }
 
     # ---- init_sharded: the random init materialised directly sharded
-    init_s = sharding.init_sharded(CONFIG, mesh, seed=0)
+    init_s = sharded_loading.init_sharded(CONFIG, mesh, seed=0)
     flat_init = _flat(init_s)
     jit_init = _flat(jax.jit(lambda: nnx.state(init_model(CONFIG, seed=0)))())
     eager_init = _flat(model)
@@ -161,7 +162,7 @@ def main() -> None:
 
     # ---- load_sharded: host arrays placed tensor by tensor
     host = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
-    loaded = _flat(sharding.load_sharded(CONFIG, host, mesh))
+    loaded = _flat(sharded_loading.load_sharded(CONFIG, host, mesh))
     result["load_layouts_ok"] = all(_layout(loaded[k]) == list(v) for k, v in EXPECTED.items())
     result["load_values_equal"] = all(np.array_equal(np.asarray(loaded[k]), np.asarray(eager_init[k])) for k in EXPECTED)
 

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from rljax import sharding
+from rljax.models import sharded_loading
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import abstract_model, init_model
 
@@ -207,7 +208,7 @@ def test_shard_model_on_one_device_keeps_values_and_logits(tiny_model):
 
 def test_init_sharded_equals_init_model(tiny_model):
     mesh, value_head = sharding.make_mesh(), True
-    model = sharding.init_sharded(TINY, mesh, seed=0, value_head=value_head)
+    model = sharded_loading.init_sharded(TINY, mesh, seed=0, value_head=value_head)
     got = _flat(nnx.to_pure_dict(nnx.state(model)))
     jitted = _flat(nnx.to_pure_dict(jax.jit(lambda: nnx.state(init_model(TINY, seed=0, value_head=value_head)))()))
     eager = _flat(nnx.to_pure_dict(nnx.state(tiny_model)))
@@ -222,7 +223,8 @@ def test_init_sharded_equals_init_model(tiny_model):
 
 
 def test_init_sharded_dtypes():
-    model = sharding.init_sharded(TINY, sharding.make_mesh(), seed=1, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    model = sharded_loading.init_sharded(TINY, sharding.make_mesh(), seed=1, param_dtype=jnp.bfloat16,
+                                         dtype=jnp.bfloat16)
     assert {leaf.dtype for leaf in jax.tree.leaves(nnx.to_pure_dict(nnx.state(model)))} == {jnp.dtype(jnp.bfloat16)}
     assert model.dtype == jnp.bfloat16
 
@@ -230,17 +232,17 @@ def test_init_sharded_dtypes():
 def test_load_sharded_places_host_arrays(tiny_model):
     mesh = sharding.make_mesh()
     host = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(tiny_model)))
-    loaded = sharding.load_sharded(TINY, host, mesh, value_head=True)
+    loaded = sharded_loading.load_sharded(TINY, host, mesh, value_head=True)
     got = _flat(nnx.to_pure_dict(nnx.state(loaded)))
     for name, value in _flat(host).items():
         np.testing.assert_array_equal(np.asarray(got[name]), value, err_msg=name)
         assert got[name].sharding.spec == EXPECTED_SPECS[name], name
     assert not np.asarray(got["value_head/w"]).any()
-    bf16 = sharding.load_sharded(TINY, host, mesh, param_dtype=jnp.bfloat16)
+    bf16 = sharded_loading.load_sharded(TINY, host, mesh, param_dtype=jnp.bfloat16)
     np.testing.assert_array_equal(np.asarray(bf16.embed[...]), host["embed"].astype(jnp.bfloat16))
     wrong = dict(host, embed=np.zeros((127, 64), np.float32))
     with pytest.raises(ValueError, match="parameter shapes do not match the config"):
-        sharding.load_sharded(TINY, wrong, mesh)
+        sharded_loading.load_sharded(TINY, wrong, mesh)
 
 
 def test_load_hf_dir_sharded_round_trip(tmp_path, tiny_model):
@@ -249,9 +251,10 @@ def test_load_hf_dir_sharded_round_trip(tmp_path, tiny_model):
 
     host = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(tiny_model)))
     value_head = {"w": np.arange(64, dtype=np.float32), "b": np.array([0.5], np.float32)}
-    model = sharding.load_sharded(TINY, host, sharding.make_mesh(), value_head=True, value_head_params=value_head)
+    model = sharded_loading.load_sharded(TINY, host, sharding.make_mesh(), value_head=True,
+                                         value_head_params=value_head)
     save_hf_dir(str(tmp_path), model)
-    loaded = sharding.load_hf_dir_sharded(str(tmp_path), sharding.make_mesh(), value_head=True)
+    loaded = sharded_loading.load_hf_dir_sharded(str(tmp_path), sharding.make_mesh(), value_head=True)
     reference = _flat(nnx.to_pure_dict(nnx.state(load_hf_dir(str(tmp_path), value_head=True))))
     got = _flat(nnx.to_pure_dict(nnx.state(loaded)))
     assert set(got) == set(reference)

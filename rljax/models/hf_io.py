@@ -127,7 +127,12 @@ def model_from_params(
     return nnx.merge(graphdef, state)
 
 
-def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
+def read_safetensors(directory: str) -> dict[str, np.ndarray]:
+    """Every tensor of a Hugging Face directory's ``model.safetensors`` (or its shards), as float32 NumPy.
+
+    Keys are the checkpoint's own names (``model.layers.0.self_attn.q_proj.weight``, ...);
+    :func:`params_from_hf_state_dict` turns them into rljax's nested parameters.
+    """
     from safetensors import safe_open
 
     index = os.path.join(directory, "model.safetensors.index.json")
@@ -150,19 +155,32 @@ def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-def load_hf_dir(
-    directory: str, *, param_dtype=jnp.float32, dtype=jnp.float32, value_head: bool = False
-) -> Transformer:
-    """Load a Hugging Face checkpoint directory into a :class:`Transformer` (no tokenizer)."""
+def read_hf_dir(
+    directory: str, *, value_head: bool = False
+) -> tuple[ModelConfig, dict[str, Any], dict[str, np.ndarray] | None]:
+    """``(config, params, value_head_params)`` of a Hugging Face directory, all on the host.
+
+    ``params`` is rljax's nested dict of NumPy arrays (:func:`params_from_hf_state_dict`);
+    ``value_head_params`` is ``{"w", "b"}`` from ``value_head.safetensors`` when ``value_head`` is
+    asked for and the file exists, else None.
+    """
     with open(os.path.join(directory, "config.json")) as f:
         config = ModelConfig.from_hf_dict(json.load(f))
-    params = params_from_hf_state_dict(config, _read_safetensors(directory))
+    params = params_from_hf_state_dict(config, read_safetensors(directory))
     vh_params = None
     vh_path = os.path.join(directory, VALUE_HEAD_FILE)
     if value_head and os.path.exists(vh_path):
         from safetensors.numpy import load_file
 
         vh_params = load_file(vh_path)
+    return config, params, vh_params
+
+
+def load_hf_dir(
+    directory: str, *, param_dtype=jnp.float32, dtype=jnp.float32, value_head: bool = False
+) -> Transformer:
+    """Load a Hugging Face checkpoint directory into a :class:`Transformer` (no tokenizer)."""
+    config, params, vh_params = read_hf_dir(directory, value_head=value_head)
     return model_from_params(
         config, params, param_dtype=param_dtype, dtype=dtype, value_head=value_head, value_head_params=vh_params
     )
