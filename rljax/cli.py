@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | train | eval``."""
+"""The ``rljax`` command line: ``rljax generate | convert | train | eval | pairs``."""
 
 from __future__ import annotations
 
@@ -179,6 +179,22 @@ def _eval(args) -> int:
     return 0
 
 
+def _add_pairs(sub) -> None:
+    from rljax.pairs import DESCRIPTION, add_arguments
+
+    p = sub.add_parser("pairs", help="build preference pairs: best vs worst of N samples under the config's rewards",
+                       description=DESCRIPTION + " Train on them with algorithm.name=dpo data.task=\"\" "
+                       "data.path=OUT.jsonl.")
+    add_arguments(p)
+    p.set_defaults(func=_pairs)
+
+
+def _pairs(args) -> int:
+    from rljax.pairs import run
+
+    return run(args)
+
+
 def _print_eval(summary: dict) -> None:
     before, after = summary.get("before", {}), summary.get("after", {})
     print(f"{'metric':28s} {'before':>8s} {'after':>8s}")
@@ -196,11 +212,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     _add_train(sub)
     _add_eval(sub)
+    _add_pairs(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # KEY=VALUE overrides may also follow the options (`rljax pairs CFG OUT --num-samples 4 train.seed=3`):
+    # argparse fills `overrides` at the first positionals and leaves later ones over
+    args, rest = parser.parse_known_args(argv)
+    stray = [r for r in rest if r.startswith("-") or "=" not in r]
+    if stray or (rest and getattr(args, "overrides", None) is None):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
     return args.func(args)
 
 
