@@ -423,3 +423,7 @@ def tokenize_response(tokenizer: Any, text: str, *, append_eos: bool) -> list[in
             raise ValueError("append_eos needs a tokenizer with an eos_token_id")
         ids.append(int(eos[0] if isinstance(eos, (list, tuple)) else eos))
     return ids
+
+
+if __name__ == "__main__":  # the sampling pair builder moved above the data layer
+    raise SystemExit("the pair builder is `rljax pairs CONFIG OUT.jsonl ...` (or python -m rljax.pairs) now")
