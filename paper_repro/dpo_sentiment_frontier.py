@@ -32,8 +32,8 @@ The pipeline, top to bottom (``main``):
    E*[r]/β − log mean exp(r/β), per prefix, averaged over prefixes).
 4. Per seed: 4 samples of π_ref for each of ``pair_prompts`` training prefixes, scored by VADER,
    best vs worst of the 4 (``rljax.data.preferences.best_vs_worst_pairs``; ties dropped) → the
-   DPO data. DPO (``rljax.train_offline.OfflineTrainer``, ``algorithm.name=dpo``) for each β.
-5. Per seed: PPO (``rljax.train.Trainer``, ``algorithm.name=ppo``: value head, GAE, the per-token
+   DPO data. DPO (``rljax.training.OfflineTrainer``, ``algorithm.name=dpo``) for each β.
+5. Per seed: PPO (``rljax.training.OnlineTrainer``, ``algorithm.name=ppo``: value head, GAE, the per-token
    k1 KL penalty in the reward) on the VADER reward of fresh samples, for each ``kl_coef``.
 6. Every ``eval_every`` optimizer steps (and at step 0 = π_ref) each DPO / PPO policy is
    evaluated on the held-out prefixes with ``eval_samples`` samples each at temperature 1: mean
@@ -186,42 +186,50 @@ def _sequence_logprobs_fn():
 
 
 class Sampler:
-    """Temperature-1 samples of a policy for fixed prompts: texts, VADER rewards, sequence log-probs."""
+    """Temperature-1 samples of a policy for fixed prompts: texts, VADER rewards, sequence log-probs
+    (``rljax.rollout.rollout`` on raw prompts, scored by the ``sentiment`` reward)."""
 
-    def __init__(self, tokenizer, prompts: Sequence[str], *, repeats: int, max_new_tokens: int, batch_rows: int):
-        from rljax.data.batching import pad_token_id, tokenize_prompts
+    def __init__(self, tokenizer, model_config, prompts: Sequence[str], *, repeats: int, max_new_tokens: int,
+                 batch_rows: int):
+        from rljax.data.batching import pad_token_id
+        from rljax.rewards import RewardSet, make_sentiment_reward
+        from rljax.rollout import PromptFormat, encode_prompts, stop_token_ids
         from rljax.sampling import SamplingConfig
 
-        self.tokenizer, self.prompts, self.repeats = tokenizer, list(prompts), repeats
-        enc = tokenize_prompts(tokenizer, self.prompts, max_prompt_length=32)
-        self.ids = np.repeat(enc.input_ids, repeats, axis=0)  # [P*repeats, W], prompt-major
-        self.mask = np.repeat(enc.attention_mask, repeats, axis=0)
-        self.batch_rows = batch_rows
-        self.config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tokenizer.eos_token_id,),
+        self.tokenizer, self.repeats, self.batch_rows = tokenizer, repeats, batch_rows
+        # rows, not prompts, are cut into sampler calls of batch_rows (a prompt's samples may span two
+        # calls when batch_rows < repeats); every call pads prompts to the width of the whole set
+        self.rows = [x for x in prompts for _ in range(repeats)]  # [P*repeats], prompt-major
+        fmt = PromptFormat(chat=False, max_prompt_length=32)
+        width = encode_prompts(tokenizer, list(prompts), fmt).input_ids.shape[1]
+        self.fmt = dataclasses.replace(fmt, buckets=(width,))
+        self.config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0,
+                                     stop_token_ids=stop_token_ids(tokenizer, model_config),
                                      pad_token_id=pad_token_id(tokenizer))
+        self.rewards = RewardSet({"sentiment": (1.0, make_sentiment_reward())})
 
     def __call__(self, policy, key, *, ref=None) -> dict[str, Any]:
         """Sample every row once. ``policy`` = ``(graphdef, params, frozen)``; ``ref`` = reference
         params for the same graphdef (adds ``log_ratio``: Σ_t log π − log π_ref per row)."""
         import jax
 
-        from rljax.rewards.sentiment import sentiment_scores
-        from rljax.sampling import generate
+        from rljax.rollout import rollout
 
-        texts, logp, log_ratio, lengths = [], [], [], []
+        texts, rewards, logp, log_ratio, lengths = [], [], [], [], []
         graphdef, params, frozen = policy
-        for b, start in enumerate(range(0, len(self.ids), self.batch_rows)):
-            ids, mask = self.ids[start:start + self.batch_rows], self.mask[start:start + self.batch_rows]
-            out = jax.tree.map(np.asarray, generate(policy, ids, mask, jax.random.fold_in(key, b), self.config))
-            n = out.mask.sum(-1)
-            texts += [self.tokenizer.decode(out.tokens[i, : n[i]], skip_special_tokens=True) for i in range(len(ids))]
-            seq_logp = (out.logprobs * out.mask).sum(-1)
+        for b, start in enumerate(range(0, len(self.rows), self.batch_rows)):
+            roll = rollout(policy, self.tokenizer, self.rows[start:start + self.batch_rows], jax.random.fold_in(key, b),
+                           sampling=self.config, fmt=self.fmt, rewards=self.rewards)
+            texts += roll.texts
+            rewards.append(roll.per_function["sentiment"])  # float64 VADER compound (the total is float32)
+            seq_logp = (roll.logprobs * roll.completion_mask).sum(-1)
             logp.append(seq_logp)
-            lengths.append(n)
+            lengths.append(roll.completion_mask.sum(-1))
             if ref is not None:
-                ref_logp = _sequence_logprobs_fn()(graphdef, ref, frozen, ids, mask, out.tokens, out.mask)
+                ref_logp = _sequence_logprobs_fn()(graphdef, ref, frozen, roll.prompt_ids, roll.prompt_mask,
+                                                   roll.completion_ids, roll.completion_mask)
                 log_ratio.append(seq_logp - np.asarray(ref_logp))
-        result = {"texts": texts, "rewards": sentiment_scores(texts), "logp": np.concatenate(logp),
+        result = {"texts": texts, "rewards": np.concatenate(rewards), "logp": np.concatenate(logp),
                   "lengths": np.concatenate(lengths)}
         if ref is not None:
             result["log_ratio"] = np.concatenate(log_ratio)
@@ -284,28 +292,27 @@ def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: 
     import jax
     import jax.numpy as jnp
 
-    from rljax.train_offline import OfflineTrainer
+    from rljax.training import OfflineTrainer
 
     p = preset.pretrain
     cfg = _run_config({
         "model": {"name": str(ref_dir)},
         "data": {"task": "", "path": str(pairs_path), "chat": False, "max_prompt_length": 32, "too_long": "filter",
-                 "train_size": 0, "eval_size": 0},
-        "algorithm": {"name": "dpo"},
-        "offline": {"beta": beta, "batch_size": preset.dpo_batch, "epochs": preset.dpo_epochs, "eval_fraction": 0.0,
-                    "max_completion_length": p.max_response_tokens, "save_model": False, "invalid_rows": "drop"},
+                 "train_size": 0, "eval_size": 0, "eval_fraction": 0.0},
+        "algorithm": {"name": "dpo", "beta": beta, "batch_size": preset.dpo_batch, "epochs": preset.dpo_epochs,
+                      "max_completion_length": p.max_response_tokens, "save_model": False, "invalid_rows": "drop"},
         "optim": {"learning_rate": preset.dpo_lr, "schedule": "constant"},
         "train": {"seed": seed, "run_dir": str(work / f"dpo_beta{beta}_seed{seed}"), "progress": False},
     })
     trainer = OfflineTrainer(cfg)
-    ref = jax.tree.map(jnp.copy, trainer.params)  # π_ref: the parameters before any update
+    # π_ref: the parameters before any update (copied: the update donates the policy's buffers)
+    ref = jax.tree.map(jnp.copy, trainer.run.policy.params)
     points = []
     t0 = time.perf_counter()
     while trainer.step < trainer.total_steps:
-        metrics = trainer.step_once()
-        trainer.step += 1
+        metrics = trainer.step_once()  # advances trainer.step
         if trainer.step % preset.dpo_eval_every == 0 or trainer.step == trainer.total_steps:
-            point = evaluate((trainer.graphdef, trainer.params, trainer.frozen), ref)
+            point = evaluate(trainer.run.policy.split, ref)
             point.update(step=trainer.step, train_loss=metrics.get("loss"),
                          train_accuracy=metrics.get("rewards/accuracy"))
             points.append(point)
@@ -317,14 +324,16 @@ def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: 
 def ppo_run(ref_dir: Path, prompts_path: Path, *, kl_coef: float, seed: int, preset: Preset, work: Path,
             evaluate, log) -> list[dict[str, Any]]:
     """Train PPO (value head, KL in the reward) step by step, evaluating as ``dpo_run`` does."""
-    from rljax.train import Trainer
+    import jax
+    import jax.numpy as jnp
+
+    from rljax.training import OnlineTrainer
 
     p = preset.pretrain
     cfg = _run_config({
         "model": {"name": str(ref_dir)},
         "data": {"task": "", "path": str(prompts_path), "answer_column": "", "chat": False, "max_prompt_length": 32,
-                 "too_long": "filter",
-                 "train_size": 100_000, "eval_size": 0},
+                 "too_long": "filter", "train_size": 100_000, "eval_size": 0, "eval_fraction": 0.0},
         "sampling": {"max_new_tokens": p.max_response_tokens, "temperature": 1.0},
         "algorithm": {"name": "ppo", "group_size": 1, "prompts_per_step": preset.ppo_prompts_per_step,
                       "num_iterations": preset.ppo_iterations, "mini_batches": preset.ppo_mini_batches,
@@ -334,14 +343,15 @@ def ppo_run(ref_dir: Path, prompts_path: Path, *, kl_coef: float, seed: int, pre
         "train": {"seed": seed, "steps": preset.ppo_steps, "run_dir": str(work / f"ppo_kl{kl_coef}_seed{seed}"),
                   "progress": False},
     })
-    trainer = Trainer(cfg)
+    trainer = OnlineTrainer(cfg)
+    # π_ref: the parameters before any update (copied: the update donates the policy's buffers)
+    ref = jax.tree.map(jnp.copy, trainer.run.reference())
     points = []
     t0 = time.perf_counter()
     while trainer.step < preset.ppo_steps:
-        metrics = trainer.step_once()
-        trainer.step += 1
+        metrics = trainer.step_once()  # advances trainer.step
         if trainer.step % preset.ppo_eval_every == 0 or trainer.step == preset.ppo_steps:
-            point = evaluate((trainer.graphdef, trainer.params, trainer.frozen), trainer.ref_params)
+            point = evaluate(trainer.run.policy.split, ref)
             point.update(step=trainer.step, train_reward=metrics.get("reward/total/mean"),
                          train_kl=metrics.get("kl/mean"))
             points.append(point)
@@ -371,8 +381,9 @@ def run_seed(seed: int, preset: Preset, ref_dir: Path, train_prompts: list[str],
     t0 = time.perf_counter()
 
     # π_ref on held-out prefixes: Best-of-N and the optimal frontier
-    pool = Sampler(tokenizer, eval_prompts, repeats=preset.reference_samples, max_new_tokens=p.max_response_tokens,
-                   batch_rows=preset.sample_batch)(ref_policy, rng.stream(seed, "reference_pool"))
+    pool_sampler = Sampler(tokenizer, model.config, eval_prompts, repeats=preset.reference_samples,
+                           max_new_tokens=p.max_response_tokens, batch_rows=preset.sample_batch)
+    pool = pool_sampler(ref_policy, rng.stream(seed, "reference_pool"))
     rewards = pool["rewards"].reshape(len(eval_prompts), preset.reference_samples)
     bon = best_of_n_curve(rewards, preset.best_of_n)
     optimal = optimal_frontier(rewards, preset.optimal_betas)
@@ -381,7 +392,7 @@ def run_seed(seed: int, preset: Preset, ref_dir: Path, train_prompts: list[str],
 
     # preference pairs from 4 samples per training prefix
     t1 = time.perf_counter()
-    pair_sampler = Sampler(tokenizer, train_prompts, repeats=preset.pair_samples,
+    pair_sampler = Sampler(tokenizer, model.config, train_prompts, repeats=preset.pair_samples,
                            max_new_tokens=p.max_response_tokens, batch_rows=preset.sample_batch)
     samples = pair_sampler(ref_policy, rng.stream(seed, "pairs"))
     pairs, pair_counts = best_vs_worst_pairs([{"prompt": x} for x in train_prompts], samples["texts"],
@@ -395,8 +406,8 @@ def run_seed(seed: int, preset: Preset, ref_dir: Path, train_prompts: list[str],
         f"{np.mean([q['rejected_score'] for q in pairs]):.3f}, in {time.perf_counter() - t1:.0f} s")
 
     # one evaluator for every policy of this seed: the same prompts and keys (common random numbers)
-    eval_sampler = Sampler(tokenizer, eval_prompts, repeats=preset.eval_samples, max_new_tokens=p.max_response_tokens,
-                           batch_rows=preset.sample_batch)
+    eval_sampler = Sampler(tokenizer, model.config, eval_prompts, repeats=preset.eval_samples,
+                           max_new_tokens=p.max_response_tokens, batch_rows=preset.sample_batch)
     eval_key = rng.stream(seed, "evaluation")
     last_samples: dict[str, list[str]] = {}
 

@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | train | eval``."""
+"""The ``rljax`` command line: ``rljax generate | convert | train | eval | pairs``."""
 
 from __future__ import annotations
 
@@ -176,6 +176,22 @@ def _eval(args) -> int:
     return 0
 
 
+def _add_pairs(sub) -> None:
+    from rljax.pairs import DESCRIPTION, add_arguments
+
+    p = sub.add_parser("pairs", help="build preference pairs: best vs worst of N samples under the config's rewards",
+                       description=DESCRIPTION + " Train on them with algorithm.name=dpo data.task=\"\" "
+                       "data.path=OUT.jsonl.")
+    add_arguments(p)
+    p.set_defaults(func=_pairs)
+
+
+def _pairs(args) -> int:
+    from rljax.pairs import run
+
+    return run(args)
+
+
 def _print_eval(summary: dict) -> None:
     before, after = summary.get("before", {}), summary.get("after", {})
     print(f"{'metric':28s} {'before':>8s} {'after':>8s}")
@@ -193,16 +209,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     _add_train(sub)
     _add_eval(sub)
+    _add_pairs(sub)
     return parser
 
 
 # Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
-_KEEP_HOST_MEMORY = ("train", "eval", "generate")
+_KEEP_HOST_MEMORY = ("train", "eval", "generate", "pairs")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; returns its exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # KEY=VALUE overrides may also follow the options (`rljax pairs CFG OUT --num-samples 4 train.seed=3`):
+    # argparse fills `overrides` at the first positionals and leaves later ones over
+    args, rest = parser.parse_known_args(argv)
+    stray = [r for r in rest if r.startswith("-") or "=" not in r]
+    if stray or (rest and getattr(args, "overrides", None) is None):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
     if args.command in _KEEP_HOST_MEMORY:
         from rljax.host_memory import keep_host_memory
 

@@ -190,7 +190,7 @@ def test_offline_config_fields_and_errors():
 
 
 def test_pair_builder_samples_scores_and_keeps_best_and_worst(tmp_path):
-    from rljax.data.preferences import main
+    from rljax import cli, pairs
     from tests._tiny import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path / "model")
@@ -202,14 +202,21 @@ sampling: {{max_new_tokens: 8, temperature: 1.0}}
 rewards: {{chars: {{type: length, unit: chars}}}}
 """)
     out = tmp_path / "pairs.jsonl"
-    assert main([str(config), str(out), "--num-samples", "4", "train.seed=3"]) == 0
-    pairs, counts = load_preference_pairs(str(out))
-    assert 0 < len(pairs) <= 6 and counts["kept"] == len(pairs)
+    assert pairs.main([str(config), str(out), "--num-samples", "4", "train.seed=3"]) == 0
+    loaded, counts = load_preference_pairs(str(out))
+    assert 0 < len(loaded) <= 6 and counts["kept"] == len(loaded)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for row in rows:
         assert row["chosen_score"] > row["rejected_score"]
         assert row["chosen_score"] == len(row["chosen"]) and row["rejected_score"] == len(row["rejected"])
-        assert row["prompt"].startswith("What is ") and "answer" in row
+        assert row["prompt"].startswith("What is ") and "answer" in row and "completion_length" not in row
+    # `rljax pairs` is the same command (overrides may follow the options), and the same seed the same pairs
+    again = tmp_path / "again.jsonl"
+    assert cli.main(["pairs", str(config), str(again), "--num-samples", "4", "train.seed=3"]) == 0
+    assert again.read_text() == out.read_text()
+    other = tmp_path / "other.jsonl"
+    assert cli.main(["pairs", str(config), str(other), "train.seed=4", "--num-samples", "4"]) == 0
+    assert other.read_text() != out.read_text()
 
 
 def test_chat_responses_that_repeat_the_prompt_turns_are_not_doubled():

@@ -25,18 +25,16 @@ problem (``invalid="error"``), or are dropped and counted under ``dropped/<reaso
 (``invalid="drop"``). A column absent from *every* row is always an error
 (:class:`~rljax.data.loading.MissingColumnError`): it is a misnamed column, not a bad row.
 
-Building a DPO set from a verifier or a reward model (``python -m rljax.data.preferences``):
-sample N completions per prompt with the config's model and sampling settings, score them with
-the config's ``rewards``, keep the best and the worst of each prompt (:func:`best_vs_worst_pairs`).
+Building a DPO set from a verifier or a reward model by sampling (``rljax pairs``) runs the
+sampler, so it lives above the data layer, in ``rljax.pairs``; it keeps the best and the worst
+completion of each prompt with :func:`best_vs_worst_pairs`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
@@ -46,8 +44,8 @@ from rljax.data.loading import MissingColumnError, read_rows
 
 __all__ = [
     "InvalidRowError", "load_preference_pairs", "load_ranked_lists", "prompt_key", "pairs_from_task",
-    "ranked_from_task", "synthetic_responses", "best_vs_worst_pairs", "sample_preference_pairs",
-    "write_jsonl", "strip_prefix", "tokenize_response",
+    "ranked_from_task", "synthetic_responses", "best_vs_worst_pairs", "write_jsonl", "strip_prefix",
+    "tokenize_response",
 ]
 
 INVALID_POLICIES = ("error", "drop")
@@ -391,64 +389,6 @@ def best_vs_worst_pairs(
     return pairs, dict(counts)
 
 
-def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", min_gap: float = 0.0,
-                            batch_prompts: int = 16) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Sample ``num_samples`` completions per prompt of ``cfg``'s data with ``cfg``'s model and
-    sampling settings, score them with ``cfg.rewards`` (verifiers, a ``reward_model``, ...), and
-    keep the best and worst of each prompt (:func:`best_vs_worst_pairs`).
-
-    ``cfg`` is a :class:`rljax.run_config.RunConfig`; its prompts come from ``data.task`` (the
-    ``split`` split, ``data.train_size`` / ``data.eval_size`` prompts) or ``data.path``.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from rljax import rng as rng_streams
-    from rljax.data.batching import pad_token_id, tokenize_prompts
-    from rljax.data.loading import load_records
-    from rljax.data.prompts import format_prompt
-    from rljax.data.tasks import make_task
-    from rljax.models import load
-    from rljax.rewards.base import build_rewards
-    from rljax.sampling import SamplingConfig, generate
-
-    d, s = cfg.data, cfg.sampling
-    if d.path:
-        examples = load_records(d.path, prompt_column=d.prompt_column, answer_column=d.answer_column or None)
-    else:
-        size = d.train_size if split == "train" else d.eval_size
-        examples = make_task(d.task, split=split, size=size, seed=cfg.train.seed, **dict(d.task_options))
-    rewards = build_rewards(cfg.rewards)
-    model, tokenizer = load(cfg.model.name, dtype=jnp.bfloat16 if cfg.model.dtype == "bfloat16" else jnp.float32)
-    stop = tuple(sorted({*model.config.eos_token_ids,
-                         *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}))
-    sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-                              top_p=s.top_p, stop_token_ids=stop, pad_token_id=pad_token_id(tokenizer))
-    key = rng_streams.stream(cfg.train.seed, "pairs")
-    kept_examples, completions, scores = [], [], []
-    for start in range(0, len(examples), batch_prompts):
-        chunk = examples[start:start + batch_prompts]
-        texts = [format_prompt(tokenizer, ex["prompt"], system_prompt=d.system_prompt or None, chat=d.chat,
-                               assistant_prefix=d.assistant_prefix) for ex in chunk]
-        tok = tokenize_prompts(tokenizer, texts, max_prompt_length=d.max_prompt_length, too_long=d.too_long)
-        chunk = [chunk[i] for i in tok.kept]
-        ids = np.repeat(tok.input_ids, num_samples, axis=0)
-        mask = np.repeat(tok.attention_mask, num_samples, axis=0)
-        out = jax.tree.map(np.asarray, generate(model, ids, mask, jax.random.fold_in(key, start), sampling))
-        lengths = out.mask.sum(-1)
-        # as the online trainer does: the assistant prefix is part of the response the rewards see
-        texts = [d.assistant_prefix + tokenizer.decode(out.tokens[i, :lengths[i]], skip_special_tokens=True)
-                 for i in range(len(ids))]
-        rows = [dict(ex, completion_length=int(lengths[i * num_samples + j]))
-                for i, ex in enumerate(chunk) for j in range(num_samples)]
-        reward = rewards(texts, rows)
-        kept_examples += chunk
-        completions += texts
-        scores.append(reward.total)
-    return best_vs_worst_pairs(kept_examples, completions, np.concatenate(scores) if scores else [],
-                               num_samples=num_samples, min_gap=min_gap)
-
-
 def write_jsonl(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     """Write ``rows`` as JSON lines (parent directories created)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -485,37 +425,5 @@ def tokenize_response(tokenizer: Any, text: str, *, append_eos: bool) -> list[in
     return ids
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: python -m rljax.data.preferences CONFIG OUT.jsonl [--num-samples N] [key=value ...]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rljax.data.preferences",
-        description="Build a DPO / reward-model preference set: sample N completions per prompt with the "
-        "config's model (model.*, sampling.*), score them with the config's rewards (any verifier or a "
-        "reward_model), keep the best and worst of each prompt, write JSONL with prompt, chosen, "
-        "rejected, chosen_score, rejected_score.")
-    parser.add_argument("config", help="a RunConfig YAML naming the model, data (task or path), sampling and rewards")
-    parser.add_argument("output", help="JSONL file to write")
-    parser.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
-    parser.add_argument("--num-samples", type=int, default=8, help="completions per prompt (default: %(default)s)")
-    parser.add_argument("--split", choices=("train", "eval"), default="train", help="task split to sample")
-    parser.add_argument("--min-gap", type=float, default=0.0,
-                        help="keep a prompt only if best - worst score exceeds this (default: %(default)s)")
-    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
-
-    from rljax.config import load_config
-    from rljax.run_config import RunConfig
-
-    cfg = load_config(RunConfig, args.config, args.overrides)
-    if not cfg.rewards:
-        raise SystemExit("the config has no rewards: name the scorer(s), e.g. rewards.correct={type: answer}")
-    pairs, counts = sample_preference_pairs(cfg, num_samples=args.num_samples, split=args.split, min_gap=args.min_gap)
-    write_jsonl(pairs, args.output)
-    print(f"wrote {len(pairs)} pairs to {args.output}; {counts}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the sampling pair builder moved above the data layer
+    raise SystemExit("the pair builder is `rljax pairs CONFIG OUT.jsonl ...` (or python -m rljax.pairs) now")
