@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from rljax.algorithms import ALGORITHMS
 from rljax.algorithms.grpo import GRPOConfig
@@ -30,7 +30,7 @@ OFFLINE_ALGORITHMS = tuple(name for name, a in ALGORITHMS.items() if not a.onlin
 class ModelSection:
     name: str = "smollm2-135m-instruct"  # registered name, .gguf file or Hugging Face directory
     dtype: Literal["float32", "bfloat16"] = "float32"  # compute and parameter dtype
-    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_rank: Optional[int] = None  # LoRA adapters of this rank; null = full fine-tuning
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # true: training and scoring passes loop over the layers (lax.scan) instead of unrolling them;
@@ -69,7 +69,7 @@ class DataSection:
 class SamplingSection:
     max_new_tokens: int = 64
     temperature: float = 1.0
-    top_k: int = 0
+    top_k: Optional[int] = None  # sample from the k most likely tokens; null = no truncation
     top_p: float = 1.0
     eval_temperature: float = 0.0  # evaluation decodes greedily by default
     ignore_eos: bool = False  # never stop before max_new_tokens (fixed-length benchmarks)
@@ -83,7 +83,7 @@ class OptimSection:
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
-    grad_clip: float = 1.0  # global-norm clipping; 0 = off
+    grad_clip: Optional[float] = 1.0  # global-norm clipping; null = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +91,9 @@ class TrainSection:
     steps: int = 40
     seed: int = 0
     run_dir: str = "runs/default"
-    eval_every: int = 0  # 0 = only before and after training
-    save_every: int = 0  # 0 = only at the end
-    samples_every: int = 5
+    eval_every: Optional[int] = None  # evaluate every this many steps; null = only before and after training
+    save_every: Optional[int] = None  # checkpoint every this many steps; null = only at the end
+    samples_every: Optional[int] = 5  # write training samples every this many steps; null = never
     tensorboard: bool = False
     progress: bool = True
 

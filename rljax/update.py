@@ -45,7 +45,7 @@ def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
         after = optax.linear_schedule(lr, 0.0, decay_steps)
     schedule = (optax.join_schedules([optax.linear_schedule(0.0, lr, cfg.warmup_steps), after], [cfg.warmup_steps])
                 if cfg.warmup_steps else after)
-    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
     chain.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
     return optax.chain(*chain)
 

@@ -20,7 +20,7 @@ class OfflineSettings:
     """Batches, passes and completion handling of every offline algorithm."""
 
     batch_size: int = 8  # pairs / ranked lists / records per optimizer step
-    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole batch
+    micro_batch_size: Optional[int] = None  # rows per forward/backward; null = the whole batch
     epochs: Optional[float] = None  # train this many passes over the train split (null: train.steps)
     eval_batch_size: int = 16
     max_completion_length: int = 128  # tokens, EOS included
@@ -37,7 +37,7 @@ class OfflineSettings:
     def validate(self) -> None:
         if self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("batch_size and eval_batch_size must be >= 1")
-        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+        if self.micro_batch_size is not None and (self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size):
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"epochs must be > 0 (or null: train.steps), got {self.epochs}")

@@ -32,7 +32,7 @@ class OnlineSettings:
     prompts_per_step: int = 4
     num_iterations: int = 1  # mu: passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass
-    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole mini-batch
+    micro_batch_size: Optional[int] = None  # rows per forward/backward; null = the whole mini-batch
     reduction: Reduction = "seq_mean_token_mean"  # rljax.losses.reduce
     entropy_coef: float = 0.0
     kl_coef: float = 0.0  # KL to the reference (where it enters: the algorithm's docstring)
@@ -54,8 +54,8 @@ class OnlineSettings:
     def validate(self) -> None:
         if self.group_size < 1 or self.prompts_per_step < 1:
             raise ValueError("group_size and prompts_per_step must be >= 1")
-        if self.num_iterations < 1 or self.mini_batches < 1 or self.micro_batch_size < 0:
-            raise ValueError("num_iterations and mini_batches must be >= 1, micro_batch_size >= 0")
+        if self.num_iterations < 1 or self.mini_batches < 1 or (self.micro_batch_size or 1) < 1:
+            raise ValueError("num_iterations, mini_batches and micro_batch_size must be >= 1")
         if self.rows % self.mini_batches:
             raise ValueError(f"mini_batches ({self.mini_batches}) must divide the rows per step ({self.rows})")
         mini = self.rows // self.mini_batches

@@ -129,7 +129,7 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
         critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param)
-    checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every,
+    checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
                                 max_to_keep=2)
     run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state)
     if resume:
