@@ -299,28 +299,27 @@ SMOKE_PRETRAIN = PretrainSettings(vocab_size=1024, layers=1, hidden=32, heads=2,
 def _describe_reference(model_dir: Path, settings: PretrainSettings, *, prompts: int = 64, samples: int = 4) -> None:
     """Print held-out samples of the reference and their VADER scores (a quality check by eye)."""
     import jax
-    import numpy as np
 
-    from rljax.data.batching import tokenize_prompts
+    from rljax.data.batching import pad_token_id
     from rljax.models import load
-    from rljax.rewards.sentiment import sentiment_scores
-    from rljax.sampling import SamplingConfig, generate
+    from rljax.rewards import RewardSet, make_sentiment_reward, sentiment_scores
+    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.sampling import SamplingConfig
 
     model, tok = load(str(model_dir))
     rows = prompt_response_pairs(read_snippets(), settings, held_out=True)[:prompts]
-    enc = tokenize_prompts(tok, [r["prompt"] for r in rows], max_prompt_length=32, too_long="filter")
-    rows = [rows[i] for i in enc.kept]
-    ids = np.repeat(enc.input_ids, samples, 0)
-    mask = np.repeat(enc.attention_mask, samples, 0)
-    cfg = SamplingConfig(max_new_tokens=settings.max_response_tokens, temperature=1.0, stop_token_ids=(2,),
-                         pad_token_id=2)
-    out = jax.tree.map(np.asarray, generate(model, ids, mask, jax.random.key(0), cfg))
-    texts = [tok.decode(out.tokens[i, : out.mask[i].sum()], skip_special_tokens=True) for i in range(len(ids))]
-    scores = sentiment_scores(texts)
+    cfg = SamplingConfig(max_new_tokens=settings.max_response_tokens, temperature=1.0,
+                         stop_token_ids=stop_token_ids(tok, model.config), pad_token_id=pad_token_id(tok))
+    roll = rollout(model, tok, rows, jax.random.key(0), sampling=cfg, repeats=samples,
+                   fmt=PromptFormat(chat=False, max_prompt_length=32, too_long="filter"),
+                   rewards=RewardSet({"sentiment": (1.0, make_sentiment_reward())}))
+    rows = roll.examples[::samples]  # the prompts that fit
+    texts, scores = roll.texts, roll.per_function["sentiment"]
     data_scores = sentiment_scores([r["response"] for r in rows])
     print(f"reference samples: VADER mean {scores.mean():.3f} (std {scores.std():.3f}, nonzero "
           f"{(scores != 0).mean():.2f}); the corpus's own continuations: mean {data_scores.mean():.3f} "
-          f"(std {data_scores.std():.3f}); stopped {out.finished.mean():.2f}, mean length {out.mask.sum(-1).mean():.1f}")
+          f"(std {data_scores.std():.3f}); stopped {roll.finished.mean():.2f}, "
+          f"mean length {roll.completion_mask.sum(-1).mean():.1f}")
     for i in range(0, min(len(texts), 40), samples):
         print(f"  {rows[i // samples]['prompt']!r} -> {texts[i]!r} ({scores[i]:+.2f})")
 
