@@ -47,16 +47,17 @@ def stop_token_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:
 
 def sampling_config(section: Any, tokenizer: Any, model_config: Any, *, evaluation: bool = False) -> SamplingConfig:
     """The :class:`SamplingConfig` of a run's ``sampling`` section (``rljax.run_config``'s, or anything
-    with ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``eval_temperature``).
+    with ``max_new_tokens``, ``temperature``, ``top_k`` (null = off), ``top_p``, ``eval_temperature`` and
+    optionally ``ignore_eos``).
 
     Stops at :func:`stop_token_ids`, pads with ``rljax.data.batching.pad_token_id``. ``evaluation=True``
     samples at ``eval_temperature`` without top-k / top-p truncation (0 = greedy).
     """
     common = dict(max_new_tokens=section.max_new_tokens, stop_token_ids=stop_token_ids(tokenizer, model_config),
-                  pad_token_id=pad_token_id(tokenizer))
+                  pad_token_id=pad_token_id(tokenizer), ignore_eos=getattr(section, "ignore_eos", False))
     if evaluation:
         return SamplingConfig(temperature=section.eval_temperature, **common)
-    return SamplingConfig(temperature=section.temperature, top_k=section.top_k, top_p=section.top_p, **common)
+    return SamplingConfig(temperature=section.temperature, top_k=section.top_k or 0, top_p=section.top_p, **common)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,12 +29,11 @@ from rljax import rng
 from rljax.algorithms import get as get_algorithm
 from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.batches import RolloutBatch
-from rljax.data.batching import PromptIterator, pad_token_id
+from rljax.data.batching import PromptIterator
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.rewards.base import build_rewards
-from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, stop_token_ids
+from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sampling import SamplingConfig
 from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.run import build_run
@@ -106,20 +105,15 @@ class OnlineTrainer:
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
             critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config)
         self.cfg, self.total_steps = cfg, cfg.train.steps
-        tokenizer, d, s = self.run.tokenizer, cfg.data, cfg.sampling
+        tokenizer = self.run.tokenizer
         self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg)
         self.rewards = build_rewards(cfg.rewards)
         self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
         if self.run.restored_metadata is not None:
             self.iterator.load_state_dict(self.run.restored_metadata["data"])
-        self.prompt_format = PromptFormat(chat=d.chat, system_prompt=d.system_prompt,
-                                          assistant_prefix=d.assistant_prefix, max_prompt_length=d.max_prompt_length,
-                                          too_long=d.too_long)
-        stop, pad = stop_token_ids(tokenizer, self.run.model_config), pad_token_id(tokenizer)
-        self.sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-                                       top_p=s.top_p, stop_token_ids=stop, ignore_eos=s.ignore_eos, pad_token_id=pad)
-        self.eval_sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.eval_temperature,
-                                            stop_token_ids=stop, ignore_eos=s.ignore_eos, pad_token_id=pad)
+        self.prompt_format = PromptFormat.from_data(cfg.data)
+        self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
+        self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
         self.sample_stream = rng.stream(cfg.train.seed, "sample")
         self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
         self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
@@ -162,7 +156,7 @@ class OnlineTrainer:
             if len(groups) >= a.prompts_per_step:
                 break
         stats["sampling/zero_variance_groups"] /= a.prompts_per_step
-        return concat_rollouts((groups + dropped)[: a.prompts_per_step]), stats
+        return concat_rollouts((groups + dropped)[: a.prompts_per_step], pad_id=self.sampling.pad_token_id), stats
 
     # ------------------------------------------------------------------ one step
     def step_once(self) -> dict[str, float]:
