@@ -117,6 +117,18 @@ def clipped_loss(out: dict, batch: RolloutBatch, cfg: ClipSettings, *, num_rows,
     )
 
 
+def kl_token_rewards(batch: RolloutBatch, cfg, *, estimator: str, missing_eos_penalty=None) -> jax.Array:
+    """``[R, N]`` per-token rewards with the KL in the reward (``rljax.advantages.kl_shaped_rewards``):
+    ``−β k_t`` on every counted token, the score (less the EOS penalty) on the last one. Without a KL
+    term (``kl_coef`` 0) the reference is the sampler itself, so the penalty is 0."""
+    mask = batch.loss_mask.astype(batch.old_logprobs.dtype)
+    scores = batch.scores * batch.row_mask
+    ref = batch.ref_logprobs if cfg.kl_coef else batch.old_logprobs
+    return adv.kl_shaped_rewards(scores, batch.old_logprobs, ref, mask, kl_coef=cfg.kl_coef, estimator=estimator,
+                                 eos_found=batch.finished if missing_eos_penalty is not None else None,
+                                 missing_eos_penalty=missing_eos_penalty)
+
+
 def sequence_kl_scores(batch: RolloutBatch, cfg, *, estimator: str) -> jax.Array:
     """``[R]`` scores with the KL in the reward at sequence level, ``R_i = score_i − β Σ_t k_t``
     (TRL ``RLOOTrainer``); the scores alone when ``kl_coef`` is 0."""

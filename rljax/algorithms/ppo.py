@@ -55,11 +55,8 @@ class PPOConfig(pg.ClipSettings):
 def advantages(batch: RolloutBatch, cfg: PPOConfig) -> RolloutBatch:
     """GAE advantages and returns of the KL-shaped token rewards."""
     mask = batch.loss_mask.astype(batch.old_logprobs.dtype)
-    scores = batch.scores * batch.row_mask
-    ref = batch.ref_logprobs if cfg.kl_coef else batch.old_logprobs
-    token_rewards = adv.kl_shaped_rewards(scores, batch.old_logprobs, ref, mask, kl_coef=cfg.kl_coef,
-                                          estimator=cfg.kl_estimator, eos_found=batch.finished,
-                                          missing_eos_penalty=cfg.missing_eos_penalty)
+    token_rewards = pg.kl_token_rewards(batch, cfg, estimator=cfg.kl_estimator,
+                                        missing_eos_penalty=cfg.missing_eos_penalty)
     advantages, returns = adv.gae(token_rewards, batch.old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
     if cfg.whiten_advantages:
         advantages = adv.whiten(advantages, mask)

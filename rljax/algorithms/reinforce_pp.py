@@ -36,11 +36,8 @@ class ReinforcePPConfig(pg.ClipSettings):
 
 def advantages(batch: RolloutBatch, cfg: ReinforcePPConfig) -> RolloutBatch:
     """Batch-normalised discounted returns of the KL-shaped token rewards."""
-    mask = batch.loss_mask.astype(batch.old_logprobs.dtype)
-    scores = batch.scores * batch.row_mask
-    ref = batch.ref_logprobs if cfg.kl_coef else batch.old_logprobs
-    token_rewards = adv.kl_shaped_rewards(scores, batch.old_logprobs, ref, mask, kl_coef=cfg.kl_coef,
-                                          estimator=cfg.kl_estimator)
+    token_rewards = pg.kl_token_rewards(batch, cfg, estimator=cfg.kl_estimator)
+    mask = batch.loss_mask.astype(token_rewards.dtype)
     advantages, returns = adv.reinforce_plus_plus_advantages(token_rewards, mask, gamma=cfg.gamma)
     return batch.replace(advantages=advantages, returns=returns)
 
