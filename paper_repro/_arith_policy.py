@@ -12,7 +12,7 @@ is not tied to correctness (direct answers are much less accurate for a tiny mod
 last number of the completion is the sum (``rljax.rewards`` ``answer`` with ``require_tag: false``).
 
 The policy is a tiny byte-level Llama (``rljax.models.tiny``) pretrained inside the reproduction by
-rljax's own offline trainer (``algorithm.name: offline``, ``records_mode: filtered_bc`` on records
+rljax's own offline trainer (``algorithm.name: records``, ``mode: filtered_bc`` on records
 all scored 1, which is plain supervised fine-tuning). The SFT corpus mixes the three styles and holds
 deliberate slips (one wrong column sum, or a direct answer off by one digit, carried through to a
 consistent final answer), so the pretrained policy is right only part of the time at temperature 1
@@ -20,10 +20,10 @@ and RL has something to learn. The pretrained model directory is cached by a has
 
     spec = PolicySpec()                                   # or PolicySpec.smoke()
     model_dir, stats = pretrain_policy(spec, cache_root)  # cached; stats: accuracy, lengths by style
-    cfg = rl_config(spec, model_dir, run_dir, ["algorithm.reduction=token_mean", ...])
+    cfg = rl_config(spec, model_dir, os.path.dirname(model_dir), run_dir, ["algorithm.reduction=token_mean", ...])
     curves = run_rl(cfg)                                  # per-step rows (reward, lengths, entropy, ...)
 
-``run_rl`` drives ``rljax.train.Trainer.step_once`` itself to read per-sample data the engine does
+``run_rl`` drives ``rljax.training.OnlineTrainer.step_once`` itself to read per-sample data the engine does
 not log (mean length of correct / of incorrect completions, the style mix) from ``last_rollouts``.
 """
 
@@ -167,10 +167,25 @@ def sft_records(spec: PolicySpec) -> list[dict[str, Any]]:
 
 
 def prompt_rows(spec: PolicySpec) -> list[dict[str, Any]]:
-    """RL prompts ``{prompt, answer}``: the held-out questions first (the online trainer takes its
-    eval split from the top of a file), then the train questions."""
+    """RL prompts ``{prompt, answer}``: the ``eval_size`` held-out questions first, then the train
+    questions."""
     train, evals = questions(spec)
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in evals + train]
+
+
+TRAIN_PROMPTS, EVAL_PROMPTS = "train_prompts.jsonl", "eval_prompts.jsonl"
+
+
+def write_prompt_files(spec: PolicySpec, directory: str) -> str:
+    """Write ``prompt_rows`` as ``directory/train_prompts.jsonl`` (the train questions) and
+    ``directory/eval_prompts.jsonl`` (the held-out ones): the online run's ``data.path`` and
+    ``data.eval_path``, so the held-out questions are exactly ``questions(spec)``'s. Returns ``directory``."""
+    from rljax.data.preferences import write_jsonl
+
+    rows = prompt_rows(spec)
+    write_jsonl(rows[spec.eval_size:], os.path.join(directory, TRAIN_PROMPTS))
+    write_jsonl(rows[: spec.eval_size], os.path.join(directory, EVAL_PROMPTS))
+    return directory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,12 +200,12 @@ def sft_config(spec: PolicySpec, model_dir: str, records_path: str, run_dir: str
     """The offline-trainer config that pretrains the policy (plain SFT via ``filtered_bc``)."""
     return load_config(RunConfig, None, [
         f"model.name={model_dir}",
-        "algorithm.name=offline",
+        "algorithm.name=records",
         f"data.path={records_path}", 'data.task=""', "data.chat=false", "data.max_prompt_length=16",
-        f"data.eval_size={min(64, spec.eval_size)}", f"data.train_size={spec.sft_size}",
-        "offline.records_mode=filtered_bc", "offline.score_threshold=0.5", "offline.eval_fraction=0.02",
-        f"offline.batch_size={spec.sft_batch}", f"offline.max_completion_length={spec.max_new_tokens}",
-        "offline.reduction=token_mean", "offline.save_model=true",
+        f"data.eval_size={min(64, spec.eval_size)}", f"data.train_size={spec.sft_size}", "data.eval_fraction=0.02",
+        "algorithm.mode=filtered_bc", "algorithm.score_threshold=0.5",
+        f"algorithm.batch_size={spec.sft_batch}", f"algorithm.max_completion_length={spec.max_new_tokens}",
+        "algorithm.reduction=token_mean", "algorithm.save_model=true",
         f"optim.learning_rate={spec.sft_lr}", "optim.schedule=cosine", f"optim.warmup_steps={max(spec.sft_steps // 20, 1)}",
         "optim.weight_decay=0.01",
         f"train.steps={spec.sft_steps}", f"train.seed={spec.seed}", f"train.run_dir={run_dir}",
@@ -198,16 +213,19 @@ def sft_config(spec: PolicySpec, model_dir: str, records_path: str, run_dir: str
     ])
 
 
-def rl_config(spec: PolicySpec, model_dir: str, prompts_path: str, run_dir: str,
+def rl_config(spec: PolicySpec, model_dir: str, prompts_dir: str, run_dir: str,
               overrides: Sequence[str] = ()) -> RunConfig:
-    """The online GRPO-family config for this task; ``overrides`` (dotted keys) pick the variant."""
+    """The online GRPO-family config for this task; ``overrides`` (dotted keys) pick the variant.
+    ``prompts_dir`` holds the files of ``write_prompt_files``."""
     base = [
         f"model.name={model_dir}",
         "algorithm.name=grpo",
-        f"data.path={prompts_path}", 'data.task=""', "data.answer_column=answer", "data.chat=false",
+        f"data.path={os.path.join(prompts_dir, TRAIN_PROMPTS)}",
+        f"data.eval_path={os.path.join(prompts_dir, EVAL_PROMPTS)}",
+        'data.task=""', "data.answer_column=answer", "data.chat=false",
         "data.max_prompt_length=16", f"data.eval_size={spec.eval_size}", "data.train_size=100000",
         f"sampling.max_new_tokens={spec.max_new_tokens}", "sampling.temperature=1.0",
-        "train.progress=false", "train.samples_every=0", f"train.run_dir={run_dir}",
+        "train.progress=false", "train.samples_every=null", f"train.run_dir={run_dir}",
         "optim.warmup_steps=0", "optim.grad_clip=1.0", REWARDS,
     ]
     return load_config(RunConfig, None, base + list(overrides))
@@ -222,14 +240,16 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
 
     Cached under ``cache_root/arith_policy/<spec hash>/``: ``model/`` (a Hugging Face directory),
     ``spec.json``, ``stats.json`` (accuracy and style mix at temperature 1 on held-out questions,
-    SFT time), ``sft_records.jsonl``, ``prompts.jsonl``.
+    SFT time), ``sft_records.jsonl``, ``train_prompts.jsonl`` and ``eval_prompts.jsonl`` (the RL prompts,
+    ``write_prompt_files``; written again on every call, so a cache from before they existed gets them).
     """
     from rljax.data.preferences import write_jsonl
     from rljax.models.tiny import make_tiny_model_dir
-    from rljax.train_offline import OfflineTrainer
+    from rljax.training import OfflineTrainer
 
     root = os.path.join(cache_root, "arith_policy", spec.key())
     model_dir, stats_path = os.path.join(root, "model"), os.path.join(root, "stats.json")
+    write_prompt_files(spec, root)
     if os.path.exists(stats_path) and os.path.isdir(model_dir):
         with open(stats_path) as f:
             stats = json.load(f)
@@ -239,7 +259,6 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
     shutil.rmtree(work, ignore_errors=True)
     write_json(os.path.join(root, "spec.json"), dataclasses.asdict(spec))
     write_jsonl(sft_records(spec), os.path.join(root, "sft_records.jsonl"))
-    write_jsonl(prompt_rows(spec), os.path.join(root, "prompts.jsonl"))
     init_dir = make_tiny_model_dir(os.path.join(work, "init"), seed=spec.seed, layers=spec.layers,
                                    hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads)
     cfg = sft_config(spec, init_dir, os.path.join(root, "sft_records.jsonl"), os.path.join(work, "sft"))
@@ -249,7 +268,7 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
     sft_seconds = time.perf_counter() - t0
     shutil.rmtree(model_dir, ignore_errors=True)
     shutil.move(summary["model_dir"], model_dir)
-    stats = measure_policy(spec, model_dir, os.path.join(root, "prompts.jsonl"), os.path.join(work, "measure"))
+    stats = measure_policy(spec, model_dir, root, os.path.join(work, "measure"))
     stats.update(sft_seconds=round(sft_seconds, 1), sft_eval_nll=summary.get("after", {}).get("eval/nll"))
     write_json(stats_path, stats)
     shutil.rmtree(work, ignore_errors=True)
@@ -258,24 +277,24 @@ def pretrain_policy(spec: PolicySpec, cache_root: str, *, log: Callable[[str], N
     return model_dir, stats
 
 
-def measure_policy(spec: PolicySpec, model_dir: str, prompts_path: str, run_dir: str, *,
+def measure_policy(spec: PolicySpec, model_dir: str, prompts_dir: str, run_dir: str, *,
                    samples: int = 4) -> dict[str, Any]:
     """Accuracy, mean length and style mix of ``samples`` completions (temperature 1) per held-out question."""
     import jax
 
-    from rljax.train import Trainer
+    from rljax.training import OnlineTrainer
 
-    trainer = Trainer(rl_config(spec, model_dir, prompts_path, run_dir), write_config=False)
+    trainer = OnlineTrainer(rl_config(spec, model_dir, prompts_dir, run_dir), write_config=False)
     roll = trainer.sample(trainer.eval_examples, jax.random.key(spec.seed), repeats=samples)
     correct = roll.per_function[CORRECT]
-    lengths = roll.arrays["completion_mask"].sum(-1)
+    lengths = roll.completion_mask.sum(-1)
     styles = [style_of(t) for t in roll.texts]
     by_style = {s: {"share": float(np.mean([x == s for x in styles])),
                     "accuracy": float(np.mean([c for c, x in zip(correct, styles) if x == s]))
                     if s in styles else float("nan")}
                 for s in ("direct", "terse", "verbose")}
     return {"accuracy": float(correct.mean()), "mean_length": float(lengths.mean()),
-            "stopped_frac": float(roll.arrays["finished"].mean()), "styles": by_style,
+            "stopped_frac": float(roll.finished.mean()), "styles": by_style,
             "samples": [{"prompt": ex["prompt"], "completion": t, "correct": float(c)}
                         for ex, t, c in list(zip(roll.examples, roll.texts, correct))[:12]]}
 
@@ -289,7 +308,7 @@ def step_row(trainer, metrics: dict[str, float]) -> dict[str, float]:
     roll = trainer.last_rollouts
     group_size = trainer.cfg.algorithm.group_size
     correct = roll.per_function[CORRECT] > 0.5  # [R]
-    lengths = roll.arrays["completion_mask"].sum(-1).astype(np.float64)  # [R] tokens, EOS included
+    lengths = roll.completion_mask.sum(-1).astype(np.float64)  # [R] tokens, EOS included
     styles = [style_of(t) for t in roll.texts]
     nan = float("nan")
     row = {
@@ -300,11 +319,11 @@ def step_row(trainer, metrics: dict[str, float]) -> dict[str, float]:
         "len_all": float(lengths.mean()),
         "len_correct": float(lengths[correct].mean()) if correct.any() else nan,
         "len_incorrect": float(lengths[~correct].mean()) if (~correct).any() else nan,
-        "truncated_frac": float(1.0 - roll.arrays["finished"].mean()),
+        "truncated_frac": float(1.0 - roll.finished.mean()),
         "direct_frac": float(np.mean([s == "direct" for s in styles])),
         "verbose_frac": float(np.mean([s == "verbose" for s in styles])),
         # the groups the update actually trained on (after dynamic sampling's refills) with equal rewards
-        "zero_variance_trained": float(np.mean(np.ptp(roll.arrays["scores"].reshape(-1, group_size), axis=1) == 0)),
+        "zero_variance_trained": float(np.mean(np.ptp(roll.scores.reshape(-1, group_size), axis=1) == 0)),
     }
     for key in ("policy/entropy", "sampling/zero_variance_groups", "sampling/rounds", "policy/clip_frac_low",
                 "policy/clip_frac_high", "grad_norm", "time/sample_s", "time/update_s"):
@@ -315,14 +334,13 @@ def step_row(trainer, metrics: dict[str, float]) -> dict[str, float]:
 
 def run_rl(cfg: RunConfig, *, log: Callable[[str], None] = print, label: str = "") -> list[dict[str, float]]:
     """``cfg.train.steps`` online steps; returns one row per step (see ``step_row``)."""
-    from rljax.train import Trainer
+    from rljax.training import OnlineTrainer
 
-    trainer = Trainer(cfg)
+    trainer = OnlineTrainer(cfg)
     rows = []
     t0 = time.perf_counter()
     for step in range(cfg.train.steps):
-        metrics = trainer.step_once()
-        trainer.step += 1
+        metrics = trainer.step_once()  # advances trainer.step
         row = {"step": step + 1, **step_row(trainer, metrics)}
         rows.append(row)
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.train.steps:
@@ -443,13 +461,13 @@ def run_methods(spec: PolicySpec, model_dir: str, out: str, methods: dict[str, S
     Seed-major, and ``out/curves.json`` is rewritten after each run, so an interrupted run still
     has every method for its first seeds. Returns the curves and the last run's config.
     """
-    prompts_path = os.path.join(os.path.dirname(model_dir), "prompts.jsonl")
+    prompts_dir = os.path.dirname(model_dir)  # pretrain_policy wrote the prompt files there
     curves: dict[str, list[list[dict]]] = {m: [] for m in methods}
     cfg = None
     for seed in seeds:
         for method, overrides in methods.items():
             run_dir = os.path.join(out, "runs", f"{slug(method)}_s{seed}")
-            cfg = rl_config(spec, model_dir, prompts_path, run_dir, [*common, *overrides, f"train.seed={seed}"])
+            cfg = rl_config(spec, model_dir, prompts_dir, run_dir, [*common, *overrides, f"train.seed={seed}"])
             log(f"{method}, seed {seed}:")
             curves[method].append(run_rl(cfg, log=log, label=method))
             write_json(os.path.join(out, "curves.json"), {"seeds": list(seeds), "curves": curves})

@@ -13,7 +13,7 @@ committed: set-up fetches it once into a cache,
 
 Reference policy: a tiny Llama (``rljax.models.transformer``) with a byte-level BPE vocabulary
 trained on the training snippets (:func:`corpus_tokenizer`), trained from scratch by plain maximum
-likelihood with rljax's offline trainer (``algorithm.name=offline``, ``records_mode=filtered_bc``,
+likelihood with rljax's offline trainer (``algorithm.name=records``, ``mode=filtered_bc``,
 every record scored 1) on (prompt = the snippet's first ``prefix_words`` words, response = the next
 ``response_words`` words, then EOS). Trained once per settings and cached under
 ``runs/paper_repro/_cache/``:
@@ -231,7 +231,7 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     from rljax.models.tiny import make_tiny_model_dir
     from rljax.reporting import write_json
     from rljax.run_config import RunConfig
-    from rljax.train_offline import OfflineTrainer
+    from rljax.training import OfflineTrainer
 
     root = Path(cache or DEFAULT_MODEL_CACHE) / f"sentiment_ref_{settings.key()}"
     model_dir = root / "model"
@@ -256,12 +256,11 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
                                    heads=settings.heads, kv_heads=settings.kv_heads, tokenizer=tokenizer)
     cfg = from_yaml(RunConfig, f"""
 model: {{name: {init_dir}}}
-data: {{task: "", path: {root / 'train_records.jsonl'}, chat: false, max_prompt_length: 32, too_long: filter,
-       eval_size: 256, train_size: 0}}
-algorithm: {{name: offline}}
-offline: {{records_mode: filtered_bc, score_threshold: 0.5, batch_size: {settings.batch_size},
-          epochs: {settings.epochs}, eval_path: {root / 'eval_records.jsonl'}, eval_batch_size: 64,
-          max_completion_length: {settings.max_response_tokens}, reduction: token_mean, save_model: false}}
+data: {{task: "", path: {root / 'train_records.jsonl'}, eval_path: {root / 'eval_records.jsonl'}, chat: false,
+       max_prompt_length: 32, too_long: filter, eval_size: 256, train_size: 0}}
+algorithm: {{name: records, mode: filtered_bc, score_threshold: 0.5, batch_size: {settings.batch_size},
+            epochs: {settings.epochs}, eval_batch_size: 64, max_completion_length: {settings.max_response_tokens},
+            reduction: token_mean, save_model: false}}
 optim: {{learning_rate: {settings.learning_rate}, schedule: cosine, warmup_steps: {settings.warmup_steps},
         weight_decay: 0.01}}
 train: {{seed: {settings.seed}, run_dir: {root / 'train'}, progress: false}}

@@ -14,8 +14,8 @@ Setup (`paper_repro/_arith_policy.py`, shared with dr_grpo_length_bias.py): two-
 a tiny byte-level Llama pretrained inside the reproduction (rljax's offline trainer, plain SFT) on
 direct answers and scratchpads with 20 % deliberate slips; right about a quarter of the time at
 temperature 1. Four RL runs per seed from that policy with rljax's online engine
-(`rljax.train.Trainer`), all with DAPO's token-mean loss and group-normalised advantages, sampling
-temperature 1, and 16 updates per batch of rollouts (4 passes over 4 mini-batches, as the
+(`rljax.training.OnlineTrainer`), all with DAPO's token-mean loss and group-normalised advantages,
+sampling temperature 1, and 16 updates per batch of rollouts (4 passes over 4 mini-batches, as the
 paper's 16 gradient updates per rollout step: the policy moves off the sampling policy within a
 step, so the clip range can matter):
 
@@ -26,7 +26,7 @@ step, so the clip range can matter):
 Per step: `policy/entropy` (mean token entropy of the current policy over the update's tokens,
 logged by the engine), the reward of everything sampled (`reward/correct/mean`), the share of
 groups with equal rewards among those first sampled (`sampling/zero_variance_groups`) and among
-those the update trained on (computed from `Trainer.last_rollouts`), and the clip fractions.
+those the update trained on (computed from `OnlineTrainer.last_rollouts`), and the clip fractions.
 
 Command:
     python paper_repro/dapo_clip_higher.py            # default preset, seeds 0 1 2

@@ -16,14 +16,14 @@ pretrained inside the reproduction (rljax's offline trainer, plain SFT) on answe
 (4 tokens) or a column-by-column scratchpad whose lines are in symbols or in words (21-60 tokens),
 with 20 % deliberate slips. The pretrained policy is right about a quarter of the time at
 temperature 1. Then three RL runs per seed from that same policy, with rljax's online engine
-(`rljax.train.Trainer`), differing only in two settings:
+(`rljax.training.OnlineTrainer`), differing only in two settings:
 
     GRPO             algorithm.reduction=seq_mean_token_mean     algorithm.advantage_scale=group
     Dr. GRPO         algorithm.reduction=seq_mean_token_sum_norm algorithm.advantage_scale=none
     DAPO token-mean  algorithm.reduction=token_mean              algorithm.advantage_scale=group
 
 Per step we record the reward and the mean length (tokens, EOS included) of the correct and of the
-incorrect completions (from `Trainer.last_rollouts`; the engine logs only the overall mean).
+incorrect completions (from `OnlineTrainer.last_rollouts`; the engine logs only the overall mean).
 
 Command:
     python paper_repro/dr_grpo_length_bias.py            # default preset, seeds 0 1 2
