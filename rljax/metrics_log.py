@@ -102,6 +102,14 @@ class MetricsLogger:
         self._open_files()
         self._open_bar(initial=0)
 
+    @property
+    def progress_bar(self) -> Any:
+        """The tqdm bar (``n``: the last logged step; ``total``; ``postfix``), None without one.
+
+        There is none with ``progress=False`` or in an inactive process.
+        """
+        return self._bar
+
     # ------------------------------------------------------------------------- writing
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:

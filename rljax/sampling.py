@@ -99,7 +99,7 @@ def generate(
     return out
 
 
-def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     """Set logits outside the top-k / nucleus (top-p) set to -inf. logits ``[B, V]``."""
     neg = jnp.finfo(logits.dtype).min
     if top_k > 0:
@@ -115,7 +115,7 @@ def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
-def _categorical(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
+def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
     """One draw per row from ``softmax(logits)`` ``[B, V]`` by inverse CDF, from one uniform per row.
 
     ``jax.random.categorical`` (Gumbel-max) draws B * V random numbers; on CPU that and its argmax
@@ -148,8 +148,8 @@ def _pick(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> tuple[ja
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
         scaled = logits / config.temperature
-        filtered = _filter_logits(scaled, config.top_k, config.top_p)
-        token = _categorical(key, filtered)
+        filtered = filter_logits(scaled, config.top_k, config.top_p)
+        token = sample_categorical(key, filtered)
     return token, token_logprobs(logits, token, temperature=config.temperature)
 
 

@@ -140,11 +140,11 @@ def test_tensorboard_events_are_written_when_asked_without_importing_torch(tmp_p
 def test_progress_bar_restarts_at_the_resumed_step_and_inactive_process(tmp_path, capsys):
     with MetricsLogger(tmp_path / "bar", total_steps=10, keys_in_bar=("loss",)) as logger:
         logger.log(1, {"loss": 0.123456, "other": 1.0})
-        assert logger._bar.n == 1 and logger._bar.total == 10
+        assert logger.progress_bar.n == 1 and logger.progress_bar.total == 10
         logger.truncate_after(4)  # resume from step 4
-        assert logger._bar.n == 4 and logger._bar.initial == 4
+        assert logger.progress_bar.n == 4 and logger.progress_bar.initial == 4
         logger.log(5, {"loss": 0.5})
-        assert logger._bar.n == 5 and logger._bar.postfix == "loss=0.5"
+        assert logger.progress_bar.n == 5 and logger.progress_bar.postfix == "loss=0.5"
         logger.write("eval: accuracy 0.5")
     assert "eval: accuracy 0.5" in capsys.readouterr().out
 
@@ -152,4 +152,5 @@ def test_progress_bar_restarts_at_the_resumed_step_and_inactive_process(tmp_path
         logger.log(1, {"loss": 1.0})
         logger.log_samples(1, [{"prompt": "p"}])
         logger.truncate_after(0)
+        assert logger.progress_bar is None
     assert not (tmp_path / "other_host").exists()

@@ -73,11 +73,11 @@ def test_top_k_restricts_support_and_top_k_one_is_greedy(model):
 
 def test_top_p_only_draws_from_nucleus():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-    filtered = sampling._filter_logits(logits, 0, 0.75)  # 0.5 + 0.3 crosses 0.75: keep the first two
+    filtered = sampling.filter_logits(logits, 0, 0.75)  # 0.5 + 0.3 crosses 0.75: keep the first two
     assert np.isfinite(np.asarray(filtered)).tolist() == [[True, True, True, True]]
     kept = np.asarray(filtered) > np.finfo(np.float32).min
     assert kept.tolist() == [[True, True, False, False]]
-    filtered = sampling._filter_logits(logits, 0, 0.5)  # the top token alone reaches 0.5
+    filtered = sampling.filter_logits(logits, 0, 0.5)  # the top token alone reaches 0.5
     assert (np.asarray(filtered) > np.finfo(np.float32).min).tolist() == [[True, False, False, False]]
 
 
@@ -133,7 +133,7 @@ def test_bucketing_bounds_compilations(model):
 
 def _draw_frequencies(logits, rows, seeds):
     tiled = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (rows, len(logits)))
-    draw = jax.jit(sampling._categorical)
+    draw = jax.jit(sampling.sample_categorical)
     tokens = np.concatenate([np.asarray(draw(jax.random.key(s), tiled)) for s in range(seeds)])
     return np.bincount(tokens, minlength=len(logits)) / tokens.size, tokens.size
 
@@ -159,10 +159,10 @@ def test_categorical_draws_follow_softmax(case):
 def test_categorical_single_allowed_token_and_same_key_same_draw():
     logits = np.full((4, 300), np.finfo(np.float32).min, np.float32)
     logits[np.arange(4), [0, 255, 256, 299]] = 0.0  # block edges
-    draw = np.asarray(sampling._categorical(jax.random.key(1), jnp.asarray(logits)))
+    draw = np.asarray(sampling.sample_categorical(jax.random.key(1), jnp.asarray(logits)))
     assert draw.tolist() == [0, 255, 256, 299]
     key, x = jax.random.key(3), jax.random.normal(jax.random.key(4), (5, 300))
-    np.testing.assert_array_equal(sampling._categorical(key, x), sampling._categorical(key, x))
+    np.testing.assert_array_equal(sampling.sample_categorical(key, x), sampling.sample_categorical(key, x))
 
 
 def test_bad_sampling_config_is_named():

@@ -113,12 +113,12 @@ def test_variables_without_logical_axes_are_replicated():
 
 
 def test_indivisible_dims_fall_back_to_replication_and_log_once(caplog):
-    sharding._REPORTED_FALLBACKS.clear()
+    # Reports are once per process: a vocabulary of 9973 appears in no other test, so not reported yet.
     with caplog.at_level(logging.DEBUG, logger="rljax.sharding"):
         for _ in range(3):
-            assert sharding.logical_to_spec(("vocab", "embed"), (97, 64), MESH_1x4x2) == P(None, "fsdp")
+            assert sharding.logical_to_spec(("vocab", "embed"), (9973, 64), MESH_1x4x2) == P(None, "fsdp")
     messages = [r.getMessage() for r in caplog.records if r.name == "rljax.sharding"]
-    assert len(messages) == 1 and "'vocab' of size 97" in messages[0] and "'tensor'" in messages[0]
+    assert len(messages) == 1 and "'vocab' of size 9973" in messages[0] and "'tensor'" in messages[0]
     # one KV head (multi-query attention) on tensor=2; an embed of 6 on fsdp=4
     assert sharding.logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 6, 1, 16), MESH_1x4x2) == P(
         None, None, None, None)

@@ -205,6 +205,10 @@ def _check_weight(name: str, weight: Any) -> float:
 # ---------------------------------------------------------------------------------------------
 # Registry: config names -> constructors.
 
+# The built-in rewards register themselves when their modules are imported, and
+# rljax/rewards/__init__.py imports them all. Python imports that package before any of its modules
+# (this one included), so the registry is complete whenever it can be reached. This module imports
+# none of them: the registry sits below the rewards that fill it, with no import cycle.
 _REGISTRY: dict[str, Callable[..., RewardFn]] = {}
 
 
@@ -226,13 +230,11 @@ def register_reward(name: str, constructor: Callable[..., RewardFn], *, overwrit
 
 def registered_rewards() -> tuple[str, ...]:
     """Names `build_rewards` accepts."""
-    _ensure_builtin_rewards()
     return tuple(sorted(_REGISTRY))
 
 
 def build_reward(name: str, options: Mapping[str, Any] | None = None, **context: Any) -> RewardFn:
     """Construct one registered reward function by name."""
-    _ensure_builtin_rewards()
     if name not in _REGISTRY:
         raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
     constructor = _REGISTRY[name]
@@ -283,10 +285,3 @@ def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], **context: Any)
         weight = _check_weight(key, weight)
         entries[key] = (weight, build_reward(kind, options, **context))
     return RewardSet(entries)
-
-
-def _ensure_builtin_rewards() -> None:
-    # The built-in constructors live in sibling modules, which register them when imported.
-    import rljax.rewards.sentiment  # noqa: F401
-    import rljax.rewards.shaping  # noqa: F401
-    import rljax.rewards.verifiers  # noqa: F401
