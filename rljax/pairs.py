@@ -27,14 +27,11 @@ __all__ = ["add_arguments", "main", "run", "sample_preference_pairs"]
 
 
 def _examples(cfg, split: str) -> list[dict[str, Any]]:
-    from rljax.data.loading import load_records
-    from rljax.data.tasks import make_task
+    """The ``split`` prompts of ``cfg``'s data, by the training runs' own rule (``rljax.training.data``)."""
+    from rljax.training.data import online_examples
 
-    d = cfg.data
-    if d.path:
-        return load_records(d.path, prompt_column=d.prompt_column, answer_column=d.answer_column or None)
-    size = d.train_size if split == "train" else d.eval_size
-    return make_task(d.task, split=split, size=size, seed=cfg.train.seed, **dict(d.task_options))
+    train, evals, _ = online_examples(cfg)
+    return train if split == "train" else evals
 
 
 def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", min_gap: float = 0.0,
@@ -44,22 +41,21 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     (:func:`rljax.data.preferences.best_vs_worst_pairs`: failed scores and ties are skipped and counted).
 
     ``cfg`` is a :class:`rljax.run_config.RunConfig`; only ``model``, ``data``, ``sampling``,
-    ``rewards`` and ``train.seed`` are read. Prompts come from ``data.task`` (the ``split`` split,
-    ``data.train_size`` / ``data.eval_size`` of them) or ``data.path``, ``batch_prompts`` per sampler
+    ``rewards`` and ``train.seed`` are read. Prompts are the ``split`` split of ``data.task`` or
+    ``data.path``, held out by the same rule as training runs (``rljax.training.data``), ``batch_prompts`` per sampler
     call; the key of the call starting at prompt ``s`` is ``fold_in(stream(seed, "pairs"), s)``.
     Scores are the rewards' float64 weighted sums (the rollout's ``scores`` are rounded to float32).
     """
     import jax
-    import jax.numpy as jnp
 
     from rljax import rng
-    from rljax.models import load
+    from rljax.models import dtype_from_name, load
     from rljax.rewards.base import build_rewards
     from rljax.rollout import PromptFormat, rollout, sampling_config
 
     examples = _examples(cfg, split)
     rewards = build_rewards(cfg.rewards)
-    model, tokenizer = load(cfg.model.name, dtype=jnp.bfloat16 if cfg.model.dtype == "bfloat16" else jnp.float32)
+    model, tokenizer = load(cfg.model.name, dtype=dtype_from_name(cfg.model.dtype))
     sampling = sampling_config(cfg.sampling, tokenizer, model.config)
     fmt = PromptFormat.from_data(cfg.data)
     key = rng.stream(cfg.train.seed, "pairs")

@@ -13,7 +13,6 @@ from rljax.data import (
     format_prompts,
     load_records,
     make_task,
-    pad_batch_rows,
     question_split,
     tokenize_prompts,
 )
@@ -269,23 +268,6 @@ def test_pad_token_falls_back_to_eos():
     assert no_pad.pad_token_id is None
     ids, mask, _, _ = tokenize_prompts(no_pad, ["hello", "What is 12+35?"], max_prompt_length=32)
     assert ids[0, 0] == no_pad.eos_token_id and mask[0, 0] == 0
-
-
-def test_pad_batch_rows():
-    ids = np.array([[0, 5, 6], [7, 8, 9]], dtype=np.int32)
-    mask = np.array([[0, 1, 1], [1, 1, 1]], dtype=np.int32)
-    padded_ids, padded_mask = pad_batch_rows(ids, mask, 4, pad_token_id=0)
-    assert padded_ids.shape == padded_mask.shape == (4, 3)
-    assert padded_ids.dtype == np.int32 and padded_mask.dtype == np.int32
-    np.testing.assert_array_equal(padded_ids[:2], ids)
-    np.testing.assert_array_equal(padded_mask[:2], mask)
-    np.testing.assert_array_equal(padded_mask[2:], 0)
-    same_ids, _ = pad_batch_rows(ids, mask, 2)
-    assert same_ids is ids
-
-
-# ---------------------------------------------------------------------------------------------
-# iteration
 
 
 def test_prompt_iterator_resume_gives_identical_continuation():

@@ -4,7 +4,6 @@ from rljax.data.batching import (
     PromptIterator,
     TokenizedPrompts,
     default_buckets,
-    pad_batch_rows,
     pad_token_id,
     tokenize_prompts,
 )
@@ -13,7 +12,7 @@ from rljax.data.prompts import ANSWER_TAG_INSTRUCTION, R1_SYSTEM_PROMPT, format_
 from rljax.data.tasks import available_tasks, make_task, question_split, register_task
 
 __all__ = [
-    "PromptIterator", "TokenizedPrompts", "default_buckets", "pad_batch_rows", "pad_token_id",
+    "PromptIterator", "TokenizedPrompts", "default_buckets", "pad_token_id",
     "tokenize_prompts", "MissingColumnError", "load_records", "read_rows", "ANSWER_TAG_INSTRUCTION",
     "R1_SYSTEM_PROMPT", "format_prompt", "format_prompts", "available_tasks", "make_task",
     "question_split", "register_task",

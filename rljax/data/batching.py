@@ -2,7 +2,7 @@
 
 Prompts are left-padded so every row's last prompt token sits in the last column and generation
 continues at the same position for the whole batch. The padded width is the smallest bucket that
-fits the longest prompt, and `pad_batch_rows` rounds the batch size up, so a jitted sampler
+fits the longest prompt (the sampler rounds the batch size up, `rljax.buckets`), so a jitted sampler
 compiles only `len(buckets) × (batch sizes)` programs over a run.
 """
 
@@ -97,30 +97,6 @@ def tokenize_prompts(
                                               buckets=bucket_sizes)
     return TokenizedPrompts(input_ids, attention_mask, np.asarray(kept, dtype=np.int64),
                             len(token_lists) - len(kept))
-
-
-def pad_batch_rows(
-    input_ids: np.ndarray, attention_mask: np.ndarray, multiple: int, *, pad_token_id: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Append rows of padding (mask 0) so the batch size is a multiple of `multiple`.
-
-    The real rows stay first: results for rows `[:B]` are the real ones. The added rows have no
-    real token at all; a sampler must tolerate fully-masked rows (e.g. not produce NaN from a
-    softmax over nothing) or the caller should slice them off before anything that reduces over rows.
-    """
-    if multiple < 1:
-        raise ValueError(f"multiple must be positive, got {multiple}")
-    if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
-        raise ValueError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
-                         "must be the same [B, P] shape")
-    rows = input_ids.shape[0]
-    extra = -rows % multiple
-    if extra == 0:
-        return input_ids, attention_mask
-    width = input_ids.shape[1]
-    ids = np.concatenate([input_ids, np.full((extra, width), pad_token_id, dtype=input_ids.dtype)])
-    mask = np.concatenate([attention_mask, np.zeros((extra, width), dtype=attention_mask.dtype)])
-    return ids, mask
 
 
 class PromptIterator:
