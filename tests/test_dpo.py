@@ -81,11 +81,13 @@ def test_dpo_raises_heldout_preference_accuracy_and_margin(tiny_dir, pairs_path,
     assert np.mean([m["rewards/margin"] for m in train[-3:]]) > np.mean([m["rewards/margin"] for m in train[:3]])
 
 
-def test_cached_reference_equals_live_reference(tiny_dir, pairs_path, tmp_path):
-    cached = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "cached", steps=3))
-    live = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "live", steps=3,
+@pytest.mark.parametrize("model", ["", ", lora_rank: 4, lora_targets: [wq, wv]"])
+def test_cached_reference_equals_live_reference(tiny_dir, pairs_path, tmp_path, model):
+    # (with LoRA the live reference is the base model, adapters' B zeroed: no copy either way)
+    cached = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "cached", steps=3, model=model))
+    live = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "live", steps=3, model=model,
                                offline=", precompute_ref_logprobs: false"))
-    assert live.run.ref_params is not None and cached.run.ref_params is None  # the cache holds no model copy
+    assert (live.run.ref_params is not None) == (not model) and cached.run.ref_params is None  # the cache: no copy
     assert "ref_logps" in cached.train_set.values and "ref_logps" not in live.train_set.values
     cached.fit()
     live.fit()

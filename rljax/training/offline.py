@@ -100,28 +100,18 @@ class OfflineTrainer:
             for s in sets:
                 s.values["ref_logps"] = self._score_set(s, self.run.reference())[0]
             self.ref_seconds = time.perf_counter() - t0
+        self.live_reference = live_reference
         self.evaluate_only = evaluate_only
-        if resume:
-            self._restore()
+        if resume:  # after the reference cache: the reference is the initial policy
+            self.iterator.load_state_dict(self.run.restore()["data"])
         if write_config:
-            from rljax.config import save_config
-
-            save_config(cfg, os.path.join(cfg.train.run_dir, "config.yaml"))
+            self.run.save_config()
 
     def _total_steps_for(self, rows: int) -> int:
         a = self.cfg.algorithm
         if a.epochs is None:
             return self.cfg.train.steps
         return max(1, math.ceil(a.epochs * (rows // a.batch_size)))
-
-    def _restore(self) -> None:
-        run = self.run
-        if run.checkpointer.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {run.checkpointer.directory}")
-        state, metadata = run.checkpointer.restore(abstract_state=run.state())
-        run.load_state(state)
-        run.step = int(metadata["step"])
-        self.iterator.load_state_dict(metadata["data"])
 
     @property
     def step(self) -> int:
@@ -177,10 +167,10 @@ class OfflineTrainer:
         t0 = time.perf_counter()
         batch = jax.tree.map(jax.numpy.asarray, self.batch(self.train_set, self.iterator.next_indices()))
         metrics: dict[str, float] = {}
-        if run.ref_params is not None:  # a live reference
+        if self.live_reference:  # full fine-tuning: the kept copy; LoRA: the base (adapters' B zeroed)
             t1 = time.perf_counter()
             p = run.policy
-            ref, _ = score_batch(p.graphdef, run.ref_params, p.frozen, batch, algorithm=self.algorithm.name)
+            ref, _ = score_batch(p.graphdef, run.reference(), p.frozen, batch, algorithm=self.algorithm.name)
             batch = batch.replace(ref_logps=ref)
             metrics["time/ref_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()

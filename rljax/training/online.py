@@ -109,7 +109,7 @@ class OnlineTrainer:
         self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg)
         self.rewards = build_rewards(cfg.rewards)
         self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
-        if self.run.restored_metadata is not None:
+        if resume:
             self.iterator.load_state_dict(self.run.restored_metadata["data"])
         self.prompt_format = PromptFormat.from_data(cfg.data)
         self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)

@@ -86,6 +86,20 @@ class Run:
         if self.critic is not None:
             self.critic.params, self.critic.opt_state = state["critic_params"], state["critic_opt_state"]
 
+    def restore(self) -> dict:
+        """Load the latest checkpoint's state and step; returns its metadata (the data position is
+        ``metadata["data"]``). ``FileNotFoundError`` when there is none (``--resume`` on a fresh run)."""
+        if self.checkpointer.latest_step() is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpointer.directory}")
+        state, self.restored_metadata = self.checkpointer.restore(abstract_state=self.state())
+        self.load_state(state)
+        self.step = int(self.restored_metadata["step"])
+        return self.restored_metadata
+
+    def save_config(self) -> None:
+        """Write the resolved config to ``RUN_DIR/config.yaml``."""
+        save_config(self.cfg, os.path.join(self.cfg.train.run_dir, "config.yaml"))
+
 
 def _train_state(model, optimizer, *, trainable) -> TrainState:
     graphdef, params, frozen = nnx.split(model, trainable, ...)
@@ -133,13 +147,9 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
                                 max_to_keep=2)
     run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state)
     if resume:
-        if checkpointer.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {checkpointer.directory}")
-        state, run.restored_metadata = checkpointer.restore(abstract_state=run.state())
-        run.load_state(state)
-        run.step = int(run.restored_metadata["step"])
+        run.restore()
     if write_config:
-        save_config(cfg, os.path.join(cfg.train.run_dir, "config.yaml"))
+        run.save_config()
     return run
 
 
