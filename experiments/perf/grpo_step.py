@@ -244,7 +244,7 @@ def run_rljax(args) -> dict:
         "flops": flops, "gflops": _gflops(flops, seconds), "matmul_gflops": all_peaks,
         "matmul_gflops_before": peaks_before, "matmul_gflops_after": peaks_after,
         "matmul_peak_gflops": max(all_peaks.values()), "load_s": load_s,
-        "compiles": {"sampler_traces": sampling.trace_count(), "update": online.policy_update._cache_size(),
+        "compiles": {"sampler_traces": sampling.trace_count(), "update": online.update_epochs._cache_size(),
                      "score_logprobs": online.score_logprobs._cache_size()},
         "peak_rss_mib": peak_rss_mib(), "environment": environment(), "malloc_settings": keep_host_memory(),
     }
