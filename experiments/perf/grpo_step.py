@@ -468,7 +468,7 @@ def parse_args(argv=None):
         parser.error("--new-tokens must be >= 2")
     if args.steps < 1:
         parser.error("--steps must be >= 1")
-    if (args.num_iterations, args.mini_batches) != (1, 1) and args.side != "rljax":
+    if (args.num_iterations, args.mini_batches) != (1, 1) and args.side != "rljax" and not args.child:
         parser.error("--num-iterations / --mini-batches change the rljax side only: use --side rljax")
     return args
 
