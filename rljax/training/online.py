@@ -46,7 +46,8 @@ from rljax.update import apply_update, raise_if_nonfinite
 def policy_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
                   temperature: float, num_micro: int):
     """One policy optimizer step on a mini-batch split into ``num_micro`` micro-batches:
-    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals."""
+    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals.
+    (The trainer runs a step's updates in one call, :func:`update_epochs`; this is one of them alone.)"""
     loss_fn = functools.partial(get_algorithm(algorithm).loss, cfg=cfg, temperature=temperature)
     return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
                         optimizer=optimizer, num_micro=num_micro)
