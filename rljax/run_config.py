@@ -85,6 +85,12 @@ class OptimSection:
     b2: float = 0.999
     grad_clip: Optional[float] = 1.0  # global-norm clipping; null = off
 
+    def validate(self) -> None:
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 (null = no clipping), got {self.grad_clip}")
+        if self.learning_rate < 0 or self.warmup_steps < 0:
+            raise ValueError("learning_rate and warmup_steps must be >= 0")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:

@@ -4,9 +4,9 @@
         graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=totals,
         optimizer=optimizer, num_micro=4)
 
-Called inside the trainers' jitted, donated updates (``rljax.training.online.policy_update`` and
-``critic_update``, ``rljax.training.offline.offline_update``), which pick the algorithm's loss and
-its static settings (the algorithm's config section). ``loss_fn(model, micro_batch, **totals)`` returns ``(loss, metrics)``;
+Called inside the trainers' jitted, donated updates (``rljax.training.online.update_epochs``: every
+update of an online step in one call, policy and critic; ``rljax.training.offline.offline_update``),
+which pick the algorithm's loss and its static settings (the algorithm's config section). ``loss_fn(model, micro_batch, **totals)`` returns ``(loss, metrics)``;
 ``totals`` are the whole batch's denominators (token, sequence or pair counts), so each
 micro-batch's loss is a share of the batch loss and the summed gradient equals the whole batch's
 (the "global denominator" rule of ``rljax.losses.reduce``).

@@ -150,7 +150,7 @@ def test_a_reward_that_raises_does_not_stop_the_run(tiny_dir, tmp_path):
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_a_checkpoint(tiny_dir, tmp_path):
     cfg = _cfg(tiny_dir, tmp_path, steps=5)
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=1e30, grad_clip=0.0))
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=1e30, grad_clip=None))
     with pytest.raises(NonFiniteLossError, match="not finite"):
         Trainer(cfg).fit()
     assert glob.glob(os.path.join(tmp_path, "checkpoints", "*"))
@@ -177,6 +177,8 @@ def test_bad_config_names_the_key(tmp_path):
         from_yaml(RunConfig, "algorithm: {name: rloo, loss: reinforce, epsilon_high: 0.28}\nrewards: {answer: 1.0}")
     with pytest.raises(ConfigError, match="rewards"):
         from_yaml(RunConfig, "algorithm: {name: reinforce_pp}")
+    with pytest.raises(ConfigError, match="grad_clip must be > 0 \\(null = no clipping\\)"):  # not a sentinel
+        from_yaml(RunConfig, "optim: {grad_clip: 0.0}\nrewards: {answer: 1.0}")
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))))

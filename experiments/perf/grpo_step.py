@@ -14,12 +14,13 @@ rljax's seeded ``PromptIterator``; TRL gets them as a dataset in that order with
 ``shuffle_dataset=False``. The reward is a trivial one on both sides (completion length in
 characters / 256), so the groups have non-zero advantages and the whole loss runs.
 
-- rljax: ``rljax.training.OnlineTrainer(RunConfig)`` built in code (``lora_rank null``, ``algorithm.kl_coef
-  0.04``, group 4 x 4 prompts, ``sampling.max_new_tokens 64``, ``sampling.ignore_eos true``); each step
-  is ``OnlineTrainer.step_once()``, whose metrics split it into ``time/sample_s`` (sampling + rewards),
-  ``time/ref_and_values_s`` (the reference forward and the advantages) and ``time/update_s`` (the
-  jitted forward/backward and AdamW). With ``num_iterations=1`` the "old" log-probs are the sampler's,
-  so no extra forward runs for them.
+- rljax: ``rljax.training.OnlineTrainer(RunConfig)`` built in code (``lora_rank null``,
+  ``algorithm.kl_coef 0.04``, group 4 x 4 prompts, ``sampling.max_new_tokens 64``,
+  ``sampling.ignore_eos true``); each step is ``OnlineTrainer.step_once()``, whose metrics split it
+  into ``time/sample_s`` (sampling + rewards), ``time/ref_and_values_s`` (the reference forward and
+  the advantages) and ``time/update_s`` (the jitted forward/backward and AdamW). The "old" log-probs
+  are the sampler's, so no extra forward runs for them. ``--num-iterations`` / ``--mini-batches``
+  (rljax side only; default 1 and 1, the workload above) time several updates per step.
 - TRL: ``rljax convert`` writes the same float32 weights and tokenizer as a Hugging Face directory
   (cached); ``GRPOTrainer(model=DIR, reward_funcs=[length], args=GRPOConfig(...))`` with the settings
   printed at the start of its run (per-device batch 16, 4 generations, 64 completion tokens with
@@ -101,8 +102,9 @@ RLJAX_YAML = """
 model: {{name: {model}, dtype: float32, lora_rank: null}}
 data: {{task: addition, task_options: {{digits: 2}}, train_size: {train_size}, eval_size: 16, max_prompt_length: 128}}
 sampling: {{max_new_tokens: {new_tokens}, temperature: {temperature}, top_k: null, top_p: 1.0, ignore_eos: true}}
-algorithm: {{name: grpo, group_size: {group}, prompts_per_step: {prompts}, num_iterations: 1, mini_batches: 1,
-            micro_batch_size: null, kl_coef: {kl}, kl_estimator: k3, reduction: seq_mean_token_mean}}
+algorithm: {{name: grpo, group_size: {group}, prompts_per_step: {prompts}, num_iterations: {num_iterations},
+            mini_batches: {mini_batches}, micro_batch_size: null, kl_coef: {kl}, kl_estimator: k3,
+            reduction: seq_mean_token_mean}}
 optim: {{learning_rate: {lr}, grad_clip: {clip}, weight_decay: 0.0}}
 train: {{steps: {steps}, seed: {seed}, run_dir: {run_dir}, progress: false}}
 rewards: {{length: {{weight: 1.0, unit: chars, normalize: {norm}}}}}
@@ -198,7 +200,8 @@ def run_rljax(args) -> dict:
     yaml_text = RLJAX_YAML.format(model=MODEL_NAME, train_size=TRAIN_SIZE, new_tokens=args.new_tokens,
                                   temperature=TEMPERATURE, group=GROUP_SIZE, prompts=PROMPTS_PER_STEP, kl=KL_COEF,
                                   lr=LEARNING_RATE, clip=GRAD_CLIP, steps=args.steps + 1, seed=SEED, run_dir=run_dir,
-                                  norm=REWARD_NORMALIZE)
+                                  norm=REWARD_NORMALIZE, num_iterations=args.num_iterations,
+                                  mini_batches=args.mini_batches)
     cfg = from_yaml(RunConfig, yaml_text)
     t0 = time.perf_counter()
     trainer = OnlineTrainer(cfg, write_config=False)
@@ -241,7 +244,7 @@ def run_rljax(args) -> dict:
         "flops": flops, "gflops": _gflops(flops, seconds), "matmul_gflops": all_peaks,
         "matmul_gflops_before": peaks_before, "matmul_gflops_after": peaks_after,
         "matmul_peak_gflops": max(all_peaks.values()), "load_s": load_s,
-        "compiles": {"sampler_traces": sampling.trace_count(), "update": online.policy_update._cache_size(),
+        "compiles": {"sampler_traces": sampling.trace_count(), "update": online.update_epochs._cache_size(),
                      "score_logprobs": online.score_logprobs._cache_size()},
         "peak_rss_mib": peak_rss_mib(), "environment": environment(), "malloc_settings": keep_host_memory(),
     }
@@ -416,7 +419,8 @@ def run_child(args, side: str, platform: str = "cpu") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--child-out", out,
-               "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--hf-dir", args.hf_dir]
+               "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--hf-dir", args.hf_dir,
+               "--num-iterations", str(args.num_iterations), "--mini-batches", str(args.mini_batches)]
         if args.smoke:
             cmd.append("--smoke")
         if args.trl_gradient_checkpointing:
@@ -441,6 +445,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side, after one warm-up step")
     parser.add_argument("--side", choices=("both", "rljax", "trl"), default="both")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--num-iterations", type=int, default=1,
+                        help="rljax only: passes over each batch of rollouts (algorithm.num_iterations)")
+    parser.add_argument("--mini-batches", type=int, default=1,
+                        help="rljax only: optimizer steps per pass (algorithm.mini_batches)")
     parser.add_argument("--no-gpu", action="store_true", help="do not run the rljax side on a GPU even if JAX sees one")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="TRL's default (recompute activations in the backward); off by default, like rljax")
@@ -460,6 +468,8 @@ def parse_args(argv=None):
         parser.error("--new-tokens must be >= 2")
     if args.steps < 1:
         parser.error("--steps must be >= 1")
+    if (args.num_iterations, args.mini_batches) != (1, 1) and args.side != "rljax" and not args.child:
+        parser.error("--num-iterations / --mini-batches change the rljax side only: use --side rljax")
     return args
 
 
@@ -487,7 +497,8 @@ def main(argv=None) -> dict:
     from _common import markdown_table, write_json
 
     print(f"# GRPO step benchmark: {MODEL_NAME} float32, {PROMPTS_PER_STEP} prompts x {GROUP_SIZE} completions, "
-          f"{args.new_tokens} new tokens (EOS ignored), kl_coef {KL_COEF}, 1 update per batch; "
+          f"{args.new_tokens} new tokens (EOS ignored), kl_coef {KL_COEF}; "
+          f"{args.num_iterations} pass(es) x {args.mini_batches} mini-batch(es) of updates; "
           f"1 warm-up + {args.steps} timed steps per side; cpu threads {os.cpu_count()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load average {_load_average()}", flush=True)
     results: dict = {"args": vars(args), "rows": []}

@@ -8,7 +8,7 @@ One step, top to bottom (:meth:`OnlineTrainer.step_once`): prompts -> ``rljax.ro
 (sampler with the current policy, decode, rewards; DAPO's dynamic sampling resamples flat groups)
 -> ``RolloutBatch`` -> reference log-probs (if the algorithm needs them) and old values (its value
 head or separate critic) -> ``algorithm.advantages`` -> :func:`update_epochs`: the
-``num_iterations × mini_batches`` optimizer updates of ``algorithm.loss`` (each the jitted
+``num_iterations × mini_batches`` optimizer updates of ``algorithm.loss`` in one jitted call (each
 ``rljax.update.apply_update``: micro-batch gradient accumulation with the mini-batch's global
 totals, AdamW, a refusal to apply a non-finite update), plus the critic's on each mini-batch.
 """
@@ -46,7 +46,8 @@ from rljax.update import apply_update, raise_if_nonfinite
 def policy_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
                   temperature: float, num_micro: int):
     """One policy optimizer step on a mini-batch split into ``num_micro`` micro-batches:
-    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals."""
+    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals.
+    (The trainer runs a step's updates in one call, :func:`update_epochs`; this is one of them alone.)"""
     loss_fn = functools.partial(get_algorithm(algorithm).loss, cfg=cfg, temperature=temperature)
     return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
                         optimizer=optimizer, num_micro=num_micro)
@@ -60,6 +61,72 @@ def critic_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, o
     loss_fn = functools.partial(get_algorithm(algorithm).critic_loss, cfg=cfg)
     return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
                         optimizer=optimizer, num_micro=num_micro)
+
+
+_TRACES = {"update_epochs": 0}
+
+
+def update_trace_count() -> int:
+    """How many times :func:`update_epochs` has been traced (compiled) in this process."""
+    return _TRACES["update_epochs"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "temperature", "num_micro",
+                                             "num_iterations", "mini_batches", "critic_graphdef", "critic_optimizer"),
+                   donate_argnames=("params", "opt_state", "critic_params", "critic_opt_state"))
+def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm_key, *, optimizer, algorithm: str,
+                  cfg, temperature: float, num_micro: int, num_iterations: int, mini_batches: int,
+                  critic_graphdef=None, critic_params=None, critic_frozen=None, critic_opt_state=None,
+                  critic_optimizer=None):
+    """All ``num_iterations × mini_batches`` optimizer updates of one step in one call (purejaxrl's
+    ``_update_epoch``): a ``lax.scan`` over passes, each drawing the mini-batches by the permutation
+    ``jax.random.permutation(fold_in(perm_key, pass), R)`` (rows in order when ``mini_batches == 1``),
+    around a ``lax.scan`` over the mini-batches, each one ``policy_update`` and, with a separate critic
+    (``critic_*``, all or none), one ``critic_update`` on the same mini-batch.
+
+    Returns ``(params, opt_state, critic_params, critic_opt_state, metrics)``: the critic's are None
+    without one; ``metrics[k]`` is ``[num_iterations, mini_batches]``, one entry per update (the
+    critic's ``loss`` / ``grad_norm`` as ``critic/loss`` / ``critic/grad_norm``, ``nonfinite`` the
+    max of the two). A non-finite update is refused alone; the later ones still run.
+    """
+    _TRACES["update_epochs"] += 1
+    algo = get_algorithm(algorithm)
+    policy_loss = functools.partial(algo.loss, cfg=cfg, temperature=temperature)
+    critic_loss = functools.partial(algo.critic_loss, cfg=cfg) if critic_graphdef is not None else None
+    rows = batch.num_rows
+    mb_rows = rows // mini_batches
+
+    def one_update(states, mb):
+        p, po, c, co = states
+        p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=rollout_totals(mb),
+                                      optimizer=optimizer, num_micro=num_micro)
+        if critic_loss is not None:
+            c, co, cm = apply_update(critic_graphdef, c, critic_frozen, co, mb, loss_fn=critic_loss,
+                                     totals=rollout_totals(mb), optimizer=critic_optimizer, num_micro=num_micro)
+            renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
+            metrics = {**metrics, **{renamed.get(k, k): v for k, v in cm.items()},
+                       "nonfinite": jnp.maximum(metrics["nonfinite"], cm["nonfinite"])}
+        return (p, po, c, co), metrics
+
+    def one_pass(states, it):
+        if mini_batches == 1:
+            minis = jax.tree.map(lambda x: x[None], batch)
+        else:
+            order = jax.random.permutation(jax.random.fold_in(perm_key, it), rows)[: mini_batches * mb_rows]
+            minis = jax.tree.map(lambda x: x[order].reshape(mini_batches, mb_rows, *x.shape[1:]), batch)
+        return jax.lax.scan(one_update, states, minis)
+
+    (params, opt_state, critic_params, critic_opt_state), metrics = jax.lax.scan(
+        one_pass, (params, opt_state, critic_params, critic_opt_state), jnp.arange(num_iterations))
+    return params, opt_state, critic_params, critic_opt_state, metrics
+
+
+def mean_update_metrics(metrics: dict) -> dict[str, float]:
+    """Host summary of :func:`update_epochs`' per-update metrics: each the mean over the updates,
+    ``nonfinite`` the max (1 if any update was refused)."""
+    metrics = jax.device_get(metrics)
+    return {k: float(np.max(v)) if k == "nonfinite" else float(np.mean(np.ravel(v).astype(np.float64)))
+            for k, v in metrics.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
@@ -194,33 +261,20 @@ class OnlineTrainer:
         return metrics
 
     def update_epochs(self, batch: RolloutBatch) -> dict[str, float]:
-        """The step's ``num_iterations × mini_batches`` optimizer updates (mini-batches drawn by a
-        seeded permutation per pass); returns the metrics averaged over them."""
+        """The step's ``num_iterations × mini_batches`` optimizer updates (:func:`update_epochs`,
+        mini-batches drawn by a seeded permutation per pass); returns :func:`mean_update_metrics`."""
         a, run = self.cfg.algorithm, self.run
-        rows = batch.num_rows
-        mb_rows = rows // a.mini_batches
+        p, c = run.policy, run.critic
         perm_key = rng.step_key(rng.stream(self.cfg.train.seed, "minibatch"), run.step)
-        updates = []
-        for it in range(a.num_iterations):
-            order = np.asarray(jax.random.permutation(jax.random.fold_in(perm_key, it), rows)) \
-                if a.mini_batches > 1 else np.arange(rows)
-            for m in range(a.mini_batches):
-                idx = order[m * mb_rows : (m + 1) * mb_rows]
-                mb = jax.tree.map(lambda x: x[idx], batch)
-                p = run.policy
-                p.params, p.opt_state, um = policy_update(
-                    p.graphdef, p.params, p.frozen, p.opt_state, mb, optimizer=p.optimizer, algorithm=a.name, cfg=a,
-                    temperature=self.cfg.sampling.temperature, num_micro=a.num_micro)
-                if run.critic is not None:
-                    c = run.critic
-                    c.params, c.opt_state, cm = critic_update(
-                        c.graphdef, c.params, c.frozen, c.opt_state, mb, optimizer=c.optimizer, algorithm=a.name,
-                        cfg=a, num_micro=a.num_micro)
-                    renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
-                    um = {**um, **{renamed.get(k, k): v for k, v in cm.items()},
-                          "nonfinite": jnp.maximum(um["nonfinite"], cm["nonfinite"])}
-                updates.append(jax.device_get(um))
-        return {k: float(np.mean([float(u[k]) for u in updates])) for k in updates[0]}
+        critic = {} if c is None else dict(critic_graphdef=c.graphdef, critic_params=c.params, critic_frozen=c.frozen,
+                                           critic_opt_state=c.opt_state, critic_optimizer=c.optimizer)
+        p.params, p.opt_state, critic_params, critic_opt_state, metrics = update_epochs(
+            p.graphdef, p.params, p.frozen, p.opt_state, batch, perm_key, optimizer=p.optimizer, algorithm=a.name,
+            cfg=a, temperature=self.cfg.sampling.temperature, num_micro=a.num_micro,
+            num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic)
+        if c is not None:
+            c.params, c.opt_state = critic_params, critic_opt_state
+        return mean_update_metrics(metrics)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
@@ -268,4 +322,5 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     return rows
 
 
-__all__ = ["OnlineTrainer", "critic_update", "policy_update", "rollout_batch", "score_logprobs", "score_values"]
+__all__ = ["OnlineTrainer", "critic_update", "mean_update_metrics", "policy_update", "rollout_batch", "score_logprobs",
+           "score_values", "update_epochs", "update_trace_count"]

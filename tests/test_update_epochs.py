@@ -1,0 +1,170 @@
+"""One step's updates in one jitted call (rljax.training.online.update_epochs) against the Python loop
+it replaced: for each of ``num_iterations`` passes a permutation ``permutation(fold_in(key, pass), R)``,
+for each mini-batch one ``policy_update`` (and ``critic_update`` for PPO's separate critic).
+
+- GRPO (2 passes x 2 mini-batches x 2 micro-batches) and PPO with a separate critic give the loop's
+  parameters, optimizer states and per-update metrics.
+- A NaN in one mini-batch refuses that update only: the state is the loop's, which applied the other.
+- Steps of equal shapes share one compiled program.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import rng
+from rljax.config import from_yaml
+from rljax.run_config import RunConfig
+from rljax.training import OnlineTrainer
+from rljax.training.online import (critic_update, mean_update_metrics, policy_update, rollout_batch, score_logprobs,
+                                   score_values, update_epochs, update_trace_count)
+from tests._tiny import make_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _trainer(tiny_dir, run_dir, algo, extra="", num_iterations=2):
+    # 16 rows a step: 2 mini-batches of 8 rows, each 2 micro-batches of 4.
+    return OnlineTrainer(from_yaml(RunConfig, f"""
+model: {{name: {tiny_dir}}}
+data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
+sampling: {{max_new_tokens: 8}}
+algorithm: {{name: {algo}, group_size: 4, prompts_per_step: 4, num_iterations: {num_iterations}, mini_batches: 2,
+            micro_batch_size: 4, kl_coef: 0.01 {extra}}}
+optim: {{learning_rate: 1.0e-2}}
+train: {{steps: 4, run_dir: {run_dir}, progress: false}}
+rewards: {{length: 1.0}}
+"""))
+
+
+def _batch(trainer):
+    """The first step's batch, as ``OnlineTrainer.step_once`` builds it."""
+    a, run = trainer.cfg.algorithm, trainer.run
+    roll, _ = trainer.rollouts(rng.step_key(trainer.sample_stream, run.step))
+    batch = rollout_batch(roll, mask_truncated=False)
+    if trainer.algorithm.needs_reference(a):
+        batch = batch.replace(ref_logprobs=score_logprobs(run.policy.graphdef, run.reference(), run.policy.frozen,
+                                                          batch, temperature=trainer.cfg.sampling.temperature))
+    if trainer.algorithm.value_head(a) is not None:
+        values_of = run.critic if run.critic is not None else run.policy
+        batch = batch.replace(old_values=score_values(*values_of.split, batch))
+    return trainer.algorithm.advantages(batch, a)
+
+
+def _copy(tree):
+    # The updates donate their parameters and optimizer state: each version gets its own copy.
+    return jax.tree.map(jnp.copy, tree)
+
+
+def _loop(trainer, batch):
+    """The Python loop ``OnlineTrainer.update_epochs`` ran before the one-call version."""
+    a, run = trainer.cfg.algorithm, trainer.run
+    p, c = run.policy, run.critic
+    params, opt_state = _copy((p.params, p.opt_state))
+    critic = None if c is None else _copy((c.params, c.opt_state))
+    rows = batch.num_rows
+    mb_rows = rows // a.mini_batches
+    perm_key = rng.step_key(rng.stream(trainer.cfg.train.seed, "minibatch"), run.step)
+    updates = []
+    for it in range(a.num_iterations):
+        order = np.asarray(jax.random.permutation(jax.random.fold_in(perm_key, it), rows)) \
+            if a.mini_batches > 1 else np.arange(rows)
+        for m in range(a.mini_batches):
+            idx = order[m * mb_rows : (m + 1) * mb_rows]
+            mb = jax.tree.map(lambda x: x[idx], batch)
+            params, opt_state, um = policy_update(p.graphdef, params, p.frozen, opt_state, mb, optimizer=p.optimizer,
+                                                  algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
+                                                  num_micro=a.num_micro)
+            if c is not None:
+                cp, co, cm = critic_update(c.graphdef, *critic[:1], c.frozen, critic[1], mb, optimizer=c.optimizer,
+                                           algorithm=a.name, cfg=a, num_micro=a.num_micro)
+                critic = (cp, co)
+                renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
+                um = {**um, **{renamed.get(k, k): v for k, v in cm.items()},
+                      "nonfinite": jnp.maximum(um["nonfinite"], cm["nonfinite"])}
+            updates.append(jax.device_get(um))
+    return (params, opt_state), critic, updates
+
+
+def _one_call(trainer, batch):
+    a, run = trainer.cfg.algorithm, trainer.run
+    p, c = run.policy, run.critic
+    params, opt_state = _copy((p.params, p.opt_state))
+    critic = {} if c is None else dict(critic_graphdef=c.graphdef, critic_params=_copy(c.params),
+                                       critic_frozen=c.frozen, critic_opt_state=_copy(c.opt_state),
+                                       critic_optimizer=c.optimizer)
+    perm_key = rng.step_key(rng.stream(trainer.cfg.train.seed, "minibatch"), run.step)
+    params, opt_state, critic_params, critic_opt_state, metrics = update_epochs(
+        p.graphdef, params, p.frozen, opt_state, batch, perm_key, optimizer=p.optimizer, algorithm=a.name, cfg=a,
+        temperature=trainer.cfg.sampling.temperature, num_micro=a.num_micro, num_iterations=a.num_iterations,
+        mini_batches=a.mini_batches, **critic)
+    return (params, opt_state), (None if c is None else (critic_params, critic_opt_state)), metrics
+
+
+def _max_diff(got, want):
+    diffs = [float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
+             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    assert len(jax.tree.leaves(got)) == len(jax.tree.leaves(want))
+    return max(diffs)
+
+
+# Exact: the same ops on the same mini-batches (same permutation, same gather); although the scan
+# compiles them inside while loops, XLA:CPU gives the loop's float32 results bit for bit (measured
+# max |difference| 0 for every parameter, AdamW moment and metric).
+@pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", ", critic: separate")])
+def test_one_call_equals_the_python_loop(tiny_dir, tmp_path, algo, extra):
+    trainer = _trainer(tiny_dir, tmp_path, algo, extra)
+    a = trainer.cfg.algorithm
+    assert (a.num_iterations, a.mini_batches, a.num_micro) == (2, 2, 2)
+    batch = _batch(trainer)
+    want_policy, want_critic, want_updates = _loop(trainer, batch)
+    got_policy, got_critic, got_metrics = _one_call(trainer, batch)
+
+    assert _max_diff(got_policy, want_policy) == 0.0
+    assert (got_critic is None) == (want_critic is None) == (algo == "grpo")
+    if want_critic is not None:
+        assert _max_diff(got_critic, want_critic) == 0.0
+    got_metrics = jax.device_get(got_metrics)
+    assert set(got_metrics) == set(want_updates[0])
+    for k, v in got_metrics.items():
+        assert v.shape == (2, 2), k
+        np.testing.assert_array_equal(v.reshape(-1), [u[k] for u in want_updates], err_msg=k)
+    # The host summary: each metric's mean over the 4 updates, as the loop averaged them.
+    summary = mean_update_metrics(got_metrics)
+    for k in got_metrics:
+        if k != "nonfinite":
+            assert summary[k] == float(np.mean([float(u[k]) for u in want_updates])), k
+    assert summary["nonfinite"] == 0.0
+    # It trained: the parameters moved.
+    assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4
+
+
+def test_a_nan_in_one_mini_batch_refuses_that_update_only(tiny_dir, tmp_path):
+    trainer = _trainer(tiny_dir, tmp_path, "grpo", num_iterations=1)
+    batch = _batch(trainer)
+    # Row 0's old log-probs are NaN: its importance ratio, and so its mini-batch's loss, is NaN.
+    batch = batch.replace(old_logprobs=batch.old_logprobs.at[0].set(jnp.nan))
+    want_policy, _, want_updates = _loop(trainer, batch)
+    got_policy, _, got_metrics = _one_call(trainer, batch)
+
+    nonfinite = np.asarray(jax.device_get(got_metrics["nonfinite"])).reshape(-1)
+    assert sorted(nonfinite.tolist()) == [0.0, 1.0]  # one refused, one applied
+    assert nonfinite.tolist() == [u["nonfinite"] for u in want_updates]
+    assert _max_diff(got_policy, want_policy) == 0.0
+    assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4  # the finite mini-batch was applied
+    assert mean_update_metrics(got_metrics)["nonfinite"] == 1.0
+
+
+def test_steps_of_equal_shapes_compile_once(tiny_dir, tmp_path):
+    # Settings no other test here uses (3 passes), so this test's first call compiles.
+    trainer = _trainer(tiny_dir, tmp_path, "ppo", ", critic: separate", num_iterations=3)
+    batch = _batch(trainer)
+    before = update_trace_count()
+    first = trainer.update_epochs(batch)
+    second = trainer.update_epochs(batch)  # new parameters and optimizer states, the same shapes
+    assert update_trace_count() - before == 1
+    assert first["loss"] != second["loss"] and first["nonfinite"] == second["nonfinite"] == 0.0
