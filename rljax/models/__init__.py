@@ -15,7 +15,26 @@ from rljax.models.dtypes import DTYPE_NAMES, dtype_from_name
 from rljax.models.transformer import KVCache, Transformer, init_model
 
 __all__ = ["DTYPE_NAMES", "KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "dtype_from_name",
-           "init_model", "load"]
+           "init_model", "load", "read_checkpoint"]
+
+
+def read_checkpoint(name_or_path: str, *, value_head: bool = False):
+    """``(config, params, value_head_params, tokenizer)`` of a registered name, ``.gguf`` file or Hugging
+    Face directory, as host arrays (``value_head_params`` None unless the directory has a head):
+    what :func:`load` and ``rljax.models.sharded_loading.load_pretrained_sharded`` place."""
+    from transformers import AutoTokenizer
+
+    from rljax.models.gguf_io import read_gguf
+    from rljax.models.hf_io import params_from_hf_state_dict, read_hf_dir
+    from rljax.models.registry import resolve
+
+    resolved = resolve(name_or_path)
+    if resolved.kind == "gguf":
+        checkpoint = read_gguf(resolved.path)
+        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
+        return config, params_from_hf_state_dict(config, checkpoint.state_dict), None, checkpoint.tokenizer
+    config, params, value_head_params = read_hf_dir(resolved.path, value_head=value_head)
+    return config, params, value_head_params, AutoTokenizer.from_pretrained(resolved.path)
 
 
 def load(
@@ -33,22 +52,10 @@ def load(
     ``scan_layers=True`` loops over the layers in training and scoring passes instead of unrolling
     them (``Transformer``).
     """
-    from transformers import AutoTokenizer
+    from rljax.models.hf_io import model_from_params
 
-    from rljax.models.gguf_io import read_gguf
-    from rljax.models.hf_io import load_hf_dir, model_from_params, params_from_hf_state_dict
-    from rljax.models.registry import resolve
-
-    param_dtype = dtype if param_dtype is None else param_dtype
-    resolved = resolve(name_or_path)
-    if resolved.kind == "gguf":
-        checkpoint = read_gguf(resolved.path)
-        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
-        params = params_from_hf_state_dict(config, checkpoint.state_dict)
-        model = model_from_params(config, params, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-        tokenizer = checkpoint.tokenizer
-    else:
-        model = load_hf_dir(resolved.path, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
-        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head)
+    model = model_from_params(config, params, param_dtype=dtype if param_dtype is None else param_dtype, dtype=dtype,
+                              value_head=value_head, value_head_params=value_head_params)
     model.scan_layers = scan_layers  # static execution setting, no parameter
     return model, tokenizer

@@ -20,8 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rljax.models.config import ModelConfig
-from rljax.models.hf_io import params_from_hf_state_dict, read_hf_dir
-from rljax.models.registry import resolve
+from rljax.models.hf_io import read_hf_dir
 from rljax.models.transformer import Transformer, abstract_model, init_model
 from rljax.sharding import DEFAULT_RULES, MeshAxes, Rules, param_shardings
 
@@ -128,21 +127,9 @@ def load_pretrained_sharded(
     value_head: bool = False,
 ):
     """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory."""
-    param_dtype = dtype if param_dtype is None else param_dtype
-    resolved = resolve(name_or_path)
-    if resolved.kind == "gguf":
-        from rljax.models.gguf_io import read_gguf
+    from rljax.models import read_checkpoint
 
-        checkpoint = read_gguf(resolved.path)
-        config = ModelConfig.from_hf_dict(checkpoint.hf_config)
-        params = params_from_hf_state_dict(config, checkpoint.state_dict)
-        model = load_sharded(
-            config, params, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
-        )
-        return model, checkpoint.tokenizer
-    from transformers import AutoTokenizer
-
-    model = load_hf_dir_sharded(
-        resolved.path, mesh, rules=rules, param_dtype=param_dtype, dtype=dtype, value_head=value_head
-    )
-    return model, AutoTokenizer.from_pretrained(resolved.path)
+    config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head)
+    model = load_sharded(config, params, mesh, rules=rules, param_dtype=dtype if param_dtype is None else param_dtype,
+                         dtype=dtype, value_head=value_head, value_head_params=value_head_params)
+    return model, tokenizer
