@@ -12,6 +12,11 @@ KV-cache sampler (``rljax.sampling.generate``), decodes the completions (the ass
 the prompt already ends with, is put back in front: rewards score the whole response) and scores
 them with a ``RewardSet``. The result, :class:`Rollout`, is host-side numpy: the trainers turn its
 arrays into batches, the pair builder (``rljax.pairs``) and the command line read its texts.
+
+The turn boundary: one call is one assistant turn for every row (prompt tokens in, completion
+tokens, their sampler log-probs and a stop flag out). A multi-turn episode (issue "agents") is a
+sequence of such calls whose prompt is the previous context plus the environment's reply; the
+completion mask then marks the policy's tokens only, which is what the losses train on.
 """
 
 from __future__ import annotations
