@@ -28,7 +28,7 @@ from rljax.batches import RolloutBatch  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.transformer import init_model  # noqa: E402
 from rljax.sampling import SamplingConfig, generate  # noqa: E402
-from rljax.training.online import policy_update  # noqa: E402
+from rljax.training.online import update_epochs  # noqa: E402
 
 CONFIG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=16)
@@ -61,9 +61,10 @@ def _step(model, batch):
     # ~lr·sign(g), which turns float32 noise in near-zero gradients into lr-sized differences.)
     optimizer = optax.sgd(1.0)
     opt_state = optimizer.init(params)
-    new_params, _, metrics = policy_update(graphdef, params, frozen, opt_state, batch, optimizer=optimizer,
-                                           algorithm="grpo", cfg=ALGO, temperature=1.0, num_micro=2)
-    return new_params, metrics
+    new_params, _, _, _, metrics = update_epochs(graphdef, params, frozen, opt_state, batch, jax.random.key(0),
+                                                 optimizer=optimizer, algorithm="grpo", cfg=ALGO, temperature=1.0,
+                                                 num_micro=2, num_iterations=1, mini_batches=1)
+    return new_params, {k: v[0, 0] for k, v in metrics.items()}  # one pass, one mini-batch
 
 
 def main():

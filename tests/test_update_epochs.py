@@ -1,6 +1,6 @@
 """One step's updates in one jitted call (rljax.training.online.update_epochs) against the Python loop
 it replaced: for each of ``num_iterations`` passes a permutation ``permutation(fold_in(key, pass), R)``,
-for each mini-batch one ``policy_update`` (and ``critic_update`` for PPO's separate critic).
+for each mini-batch one jitted ``apply_update`` of the policy (and one of PPO's separate critic).
 
 - GRPO (2 passes x 2 mini-batches x 2 micro-batches) and PPO with a separate critic give the loop's
   parameters, optimizer states and per-update metrics.
@@ -8,17 +8,22 @@ for each mini-batch one ``policy_update`` (and ``critic_update`` for PPO's separ
 - Steps of equal shapes share one compiled program.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rljax import rng
+from rljax.algorithms import get as get_algorithm
+from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.config import from_yaml
 from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer
-from rljax.training.online import (critic_update, mean_update_metrics, policy_update, rollout_batch, score_logprobs,
-                                   score_values, update_epochs, update_trace_count)
+from rljax.training.online import (mean_update_metrics, rollout_batch, score_logprobs, score_values, update_epochs,
+                                   update_trace_count)
+from rljax.update import apply_update
 from tests._tiny import make_tiny_model_dir
 
 
@@ -55,6 +60,19 @@ def _batch(trainer):
     return trainer.algorithm.advantages(batch, a)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "temperature", "num_micro",
+                                             "critic"), donate_argnames=("params", "opt_state"))
+def _one_update(graphdef, params, frozen, opt_state, batch, *, optimizer, algorithm, cfg, temperature, num_micro,
+                critic=False):
+    """One optimizer step of the policy (or, ``critic=True``, of the separate critic) on a mini-batch:
+    the update the old loop jitted and called once per mini-batch."""
+    algo = get_algorithm(algorithm)
+    loss_fn = (functools.partial(algo.critic_loss, cfg=cfg) if critic
+               else functools.partial(algo.loss, cfg=cfg, temperature=temperature))
+    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
+                        optimizer=optimizer, num_micro=num_micro)
+
+
 def _copy(tree):
     # The updates donate their parameters and optimizer state: each version gets its own copy.
     return jax.tree.map(jnp.copy, tree)
@@ -76,12 +94,13 @@ def _loop(trainer, batch):
         for m in range(a.mini_batches):
             idx = order[m * mb_rows : (m + 1) * mb_rows]
             mb = jax.tree.map(lambda x: x[idx], batch)
-            params, opt_state, um = policy_update(p.graphdef, params, p.frozen, opt_state, mb, optimizer=p.optimizer,
-                                                  algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
-                                                  num_micro=a.num_micro)
+            params, opt_state, um = _one_update(p.graphdef, params, p.frozen, opt_state, mb, optimizer=p.optimizer,
+                                                algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
+                                                num_micro=a.num_micro)
             if c is not None:
-                cp, co, cm = critic_update(c.graphdef, *critic[:1], c.frozen, critic[1], mb, optimizer=c.optimizer,
-                                           algorithm=a.name, cfg=a, num_micro=a.num_micro)
+                cp, co, cm = _one_update(c.graphdef, *critic[:1], c.frozen, critic[1], mb, optimizer=c.optimizer,
+                                         algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
+                                         num_micro=a.num_micro, critic=True)
                 critic = (cp, co)
                 renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
                 um = {**um, **{renamed.get(k, k): v for k, v in cm.items()},

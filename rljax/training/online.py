@@ -40,29 +40,6 @@ from rljax.training.run import build_run
 from rljax.update import apply_update, raise_if_nonfinite
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "temperature",
-                                             "num_micro"),
-                   donate_argnames=("params", "opt_state"))
-def policy_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
-                  temperature: float, num_micro: int):
-    """One policy optimizer step on a mini-batch split into ``num_micro`` micro-batches:
-    ``rljax.update.apply_update`` with the algorithm's loss and the mini-batch's global totals.
-    (The trainer runs a step's updates in one call, :func:`update_epochs`; this is one of them alone.)"""
-    loss_fn = functools.partial(get_algorithm(algorithm).loss, cfg=cfg, temperature=temperature)
-    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
-                        optimizer=optimizer, num_micro=num_micro)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "num_micro"),
-                   donate_argnames=("params", "opt_state"))
-def critic_update(graphdef, params, frozen, opt_state, batch: RolloutBatch, *, optimizer, algorithm: str, cfg,
-                  num_micro: int):
-    """One optimizer step of a separate critic (the algorithm's ``critic_loss``) on a mini-batch."""
-    loss_fn = functools.partial(get_algorithm(algorithm).critic_loss, cfg=cfg)
-    return apply_update(graphdef, params, frozen, opt_state, batch, loss_fn=loss_fn, totals=rollout_totals(batch),
-                        optimizer=optimizer, num_micro=num_micro)
-
-
 _TRACES = {"update_epochs": 0}
 
 
@@ -81,8 +58,8 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
     """All ``num_iterations × mini_batches`` optimizer updates of one step in one call (purejaxrl's
     ``_update_epoch``): a ``lax.scan`` over passes, each drawing the mini-batches by the permutation
     ``jax.random.permutation(fold_in(perm_key, pass), R)`` (rows in order when ``mini_batches == 1``),
-    around a ``lax.scan`` over the mini-batches, each one ``policy_update`` and, with a separate critic
-    (``critic_*``, all or none), one ``critic_update`` on the same mini-batch.
+    around a ``lax.scan`` over the mini-batches, each one ``rljax.update.apply_update`` of the policy and,
+    with a separate critic (``critic_*``, all or none), one of the critic on the same mini-batch.
 
     Returns ``(params, opt_state, critic_params, critic_opt_state, metrics)``: the critic's are None
     without one; ``metrics[k]`` is ``[num_iterations, mini_batches]``, one entry per update (the
@@ -214,15 +191,16 @@ class OnlineTrainer:
             examples = [self.train_examples[i] for i in self.iterator.next_indices()]
             roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=G)
             stats["sampling/rounds"] += 1
-            for g in range(len(roll.texts) // G):
-                rows = np.arange(g * G, (g + 1) * G)
-                scores = roll.scores[rows][roll.row_mask[rows]]
-                flat = len(scores) == 0 or np.ptp(scores) == 0
-                stats["sampling/zero_variance_groups"] += float(flat) if round_ == 0 else 0.0
-                (dropped if (a.dynamic_sampling and flat) else groups).append(roll.take(rows))
+            flat = [_all_equal(roll.scores[g * G:(g + 1) * G][roll.row_mask[g * G:(g + 1) * G]])
+                    for g in range(len(roll) // G)]
+            if round_ == 0:
+                stats["sampling/zero_variance_groups"] = sum(flat) / a.prompts_per_step
+            if not a.dynamic_sampling:
+                return roll, stats  # the whole round is the batch: nothing to select
+            for g, is_flat in enumerate(flat):
+                (dropped if is_flat else groups).append(roll.take(np.arange(g * G, (g + 1) * G)))
             if len(groups) >= a.prompts_per_step:
                 break
-        stats["sampling/zero_variance_groups"] /= a.prompts_per_step
         return concat_rollouts((groups + dropped)[: a.prompts_per_step], pad_id=self.sampling.pad_token_id), stats
 
     # ------------------------------------------------------------------ one step
@@ -313,6 +291,11 @@ class OnlineTrainer:
         pass
 
 
+def _all_equal(scores: np.ndarray) -> bool:
+    """A group with no scored row, or whose scores are all equal, has no learning signal."""
+    return len(scores) == 0 or bool(np.ptp(scores) == 0)
+
+
 def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     rows = []
     for i, (text, ex) in enumerate(zip(roll.texts, roll.examples)):
@@ -322,5 +305,5 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     return rows
 
 
-__all__ = ["OnlineTrainer", "critic_update", "mean_update_metrics", "policy_update", "rollout_batch", "score_logprobs",
+__all__ = ["OnlineTrainer", "mean_update_metrics", "rollout_batch", "score_logprobs",
            "score_values", "update_epochs", "update_trace_count"]
