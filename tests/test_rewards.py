@@ -220,7 +220,7 @@ def test_countdown_exact_division_and_subset_option():
 def test_reasoning_gym_reward_uses_its_scorers():
     from rljax.data import make_task
 
-    fn = make_reasoning_gym_reward()
+    fn = make_reasoning_gym_reward(workers=1)  # scored in a bounded worker: one is enough here
     chain = make_task("chain_sum", split="eval", size=2, seed=0)
     countdown = make_task("countdown", split="eval", size=1, seed=0)
     completions = [f"<answer>{chain[0]['answer']}</answer>", "<answer>99999</answer>",

@@ -1,5 +1,6 @@
 """End-to-end online RL on a tiny random model: learning, determinism, resume, failures, configs."""
 
+import collections
 import dataclasses
 import glob
 import json
@@ -33,6 +34,19 @@ def _raises_on_sevens(completion, example):
 register_reward("lowercase", lambda: per_sample(_lowercase_fraction), overwrite=True)
 register_reward("flaky", lambda: per_sample(_raises_on_sevens), overwrite=True)
 register_reward("constant", lambda: per_sample(lambda completion, example: 1.0), overwrite=True)
+
+
+def _bounded_stub():
+    """A reward that reports bound hits as the bounded verifiers do: every second sample "timed out"."""
+    def stub(completions, examples):
+        stub.bound_hits["timeout"] += len(completions) // 2
+        return np.zeros(len(completions))
+
+    stub.bound_hits = collections.Counter()
+    return stub
+
+
+register_reward("bounded_stub", _bounded_stub, overwrite=True)
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +157,15 @@ def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
 
 
 def test_a_reward_that_raises_does_not_stop_the_run(tiny_dir, tmp_path):
-    Trainer(_cfg(tiny_dir, tmp_path, steps=3, rewards="{lowercase: 1.0, flaky: 0.5}")).fit()
+    Trainer(_cfg(tiny_dir, tmp_path, steps=3, rewards="{lowercase: 1.0, flaky: 0.5, bounded_stub: 0.0}")).fit()
     missing = [m["reward/missing_count"] for m in _metrics(tmp_path) if "reward/missing_count" in m]
     assert len(missing) == 3 and sum(missing) > 0
+    # a bounded reward's hits are logged per step (16 samples: 8 "timed out") and per evaluation (8 prompts)
+    steps = [m for m in _metrics(tmp_path) if "loss" in m]
+    assert [m["reward/bounded_stub/timeouts"] for m in steps] == [8.0, 8.0, 8.0]
+    assert all(m["reward/bounded_stub/memory"] == m["reward/bounded_stub/crashes"] == 0.0 for m in steps)
+    evals = [m["eval/bounded_stub/timeouts"] for m in _metrics(tmp_path) if "eval/bounded_stub/timeouts" in m]
+    assert evals and set(evals) == {4.0}
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_a_checkpoint(tiny_dir, tmp_path):

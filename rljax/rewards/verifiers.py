@@ -7,10 +7,16 @@ Answer checking runs a fast path first: exact match after light normalisation, t
 rational comparison when both sides are plain numbers ("47.0" = "47", "1/2" = "0.5",
 "1,000" = "1000"). Only answers that are not both plain numbers go to `math_verify`
 (`parse`/`verify`: LaTeX, symbolic and numeric equivalence). math-verify bounds its own work with
-`signal.alarm` (`timeout_seconds` per parse and per comparison, whole seconds), which only works in
-the main thread; off the main thread the symbolic path is skipped (with one warning) rather than run
-without a time limit, so a reward call cannot hang on e.g. `9^{9^{9^9}}`.
-Answers longer than `max_answer_chars` are never sent to math-verify either.
+`signal.alarm` (`timeout_seconds` per parse and per comparison, whole seconds), which cannot
+interrupt C code: `10^{10^{10^{10}}}` against a symbolic gold answer takes ~15 s and 8.5 GB inside
+one big-integer power. So the answer reward (and the reasoning-gym reward, whose scorers may run
+sympy) score in worker processes with a hard per-sample time and memory bound
+(`rljax.rewards.bounded`): a sample that hits a bound scores 0.0 and is counted in
+`reward/<name>/timeouts`, `/memory` or `/crashes`. Extraction and the fast path stay in-process
+(linear-time string work), so only answers that need math-verify cross to a worker.
+`answers_match` and `answer_score` themselves run in-process (math-verify's alarm only; off the main
+thread the symbolic path is skipped, with one warning). Answers longer than `max_answer_chars` are
+never sent to math-verify.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ import re
 import threading
 from collections import Counter
 from fractions import Fraction
-from typing import Any, Mapping
+from itertools import product
+from typing import Any, Mapping, Sequence
 
-from rljax.rewards.base import RewardFn, per_sample, register_reward
+import numpy as np
+
+from rljax.rewards.base import RewardFn, _check_batch, per_sample, register_reward
+from rljax.rewards.bounded import BoundHit, check_bounds, shared_pool
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +42,31 @@ logger = logging.getLogger(__name__)
 # Extraction
 
 
-@functools.lru_cache(maxsize=None)
-def _tag_pattern(tag: str) -> re.Pattern[str]:
-    t = re.escape(tag)
-    return re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL)
+def _tag_contents(text: str, tag: str):
+    """The contents of the `<tag>...</tag>` pairs of `text`, left to right: each opening tag is
+    closed by the first closing tag after it, and the next pair starts after that (what
+    `re.findall("<tag>(.*?)</tag>", re.DOTALL)` gives). Linear time: every search starts where the
+    previous one ended, and an opening tag with no closing tag after it ends the scan (the regex
+    retried the search for a closing tag from every later opening tag: quadratic on unclosed tags)."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    position = 0
+    while True:
+        start = text.find(opening, position)
+        if start < 0:
+            return
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            return
+        yield text[start + len(opening) : end]
+        position = end + len(closing)
 
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
     """Content of the last well-formed `<tag>...</tag>` in `text`, stripped; None if there is none."""
-    matches = _tag_pattern(tag).findall(text)
-    return matches[-1].strip() if matches else None
+    last = None
+    for last in _tag_contents(text, tag):
+        pass
+    return None if last is None else last.strip()
 
 
 _NUMBER_RE = re.compile(
@@ -79,21 +104,37 @@ def normalize_answer(text: str) -> str:
     thousands separators between digit groups, and maps the Unicode minus to '-'.
     """
     s = text.strip().replace("\u2212", "-")
+    # The layers are peeled by moving two indices, [i, j), not by slicing: one copy per layer made
+    # nested wrappers (`\\boxed{\\boxed{...}}` thousands deep) quadratic.
+    i, j = 0, len(s)
     changed = True
     while changed:
-        before = s
-        s = s.strip()
-        if len(s) >= 2 and s.startswith("$") and s.endswith("$"):
-            s = s.strip("$")
-        if s.startswith("\\(") and s.endswith("\\)"):
-            s = s[2:-2]
-        if s.startswith("\\boxed{") and s.endswith("}"):
-            s = s[len("\\boxed{"):-1]
-        if s.endswith(".") and not s.endswith(".."):
-            s = s[:-1]
-        changed = s != before
+        before = (i, j)
+        while i < j and s[i].isspace():
+            i += 1
+        while j > i and s[j - 1].isspace():
+            j -= 1
+        if j - i >= 2 and s[i] == "$" and s[j - 1] == "$":
+            while i < j and s[i] == "$":
+                i += 1
+            while j > i and s[j - 1] == "$":
+                j -= 1
+        i, j = _peel(s, i, j, "\\(", "\\)")
+        i, j = _peel(s, i, j, "\\boxed{", "}")
+        if j > i and s[j - 1] == "." and not (j - i >= 2 and s[j - 2] == "."):
+            j -= 1
+        changed = (i, j) != before
+    s = s[i:j]
     s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)
     return re.sub(r"\s+", "", s)
+
+
+def _peel(s: str, i: int, j: int, prefix: str, suffix: str) -> tuple[int, int]:
+    """`s[i:j]` less `prefix` and `suffix` if it starts and ends with them (as `s[len(p):-len(q)]`)."""
+    if s.startswith(prefix, i, j) and s.endswith(suffix, i, j):
+        i += len(prefix)
+        j = max(i, j - len(suffix))
+    return i, j
 
 
 def as_plain_number(text: str) -> Fraction | None:
@@ -135,7 +176,29 @@ def answers_match(
     still holds an arithmetic operator (`+`, `*`, `^`, a binary `-`, ...) is wrong even if it
     evaluates to the gold value: on arithmetic tasks "12+35" in the answer tag would otherwise
     earn the reward for copying the question. Fractions and LaTeX forms (`\\frac{1}{2}`) pass.
+
+    This runs math-verify in the calling process, bounded only by its alarm (`timeout_seconds`);
+    the answer reward (`make_answer_reward`) runs it in a bounded worker.
     """
+    fast = _fast_match(prediction, gold, allow_expressions=allow_expressions, use_math_verify=use_math_verify,
+                       max_answer_chars=max_answer_chars)
+    if fast is not None:
+        return fast
+    if threading.current_thread() is not threading.main_thread():
+        global _OFF_MAIN_THREAD_WARNED
+        if not _OFF_MAIN_THREAD_WARNED:
+            logger.warning(
+                "answers_match called off the main thread: math-verify's timeout needs the main "
+                "thread (signal.alarm), so only the exact/numeric fast path is used here"
+            )
+            _OFF_MAIN_THREAD_WARNED = True
+        return False
+    return _math_verify_match(prediction.strip(), gold.strip(), int(timeout_seconds))
+
+
+def _fast_match(prediction: str, gold: str, *, allow_expressions: bool, use_math_verify: bool,
+                max_answer_chars: int) -> bool | None:
+    """`answers_match`'s decision without math-verify; None when math-verify must decide."""
     p, g = normalize_answer(prediction), normalize_answer(gold)
     if not p or not g:
         return False
@@ -149,53 +212,90 @@ def answers_match(
         return False
     if not use_math_verify or len(prediction) > max_answer_chars:
         return False
-    if threading.current_thread() is not threading.main_thread():
-        global _OFF_MAIN_THREAD_WARNED
-        if not _OFF_MAIN_THREAD_WARNED:
-            logger.warning(
-                "answers_match called off the main thread: math-verify's timeout needs the main "
-                "thread (signal.alarm), so only the exact/numeric fast path is used here"
-            )
-            _OFF_MAIN_THREAD_WARNED = True
-        return False
-    return _math_verify_match(prediction.strip(), gold.strip(), int(timeout_seconds))
+    return None
 
 
 def _math_verify_match(prediction: str, gold: str, timeout_seconds: int) -> bool:
-    from math_verify import verify
-    from math_verify.errors import TimeoutException
-
     if timeout_seconds < 1:
         raise ValueError(f"timeout_seconds must be a whole number >= 1, got {timeout_seconds}")
     try:
-        gold_parsed = list(_parse_gold(gold, timeout_seconds))
-        if not gold_parsed:
-            return False
-        pred_parsed = _mv_parse(prediction, timeout_seconds)
-        if not pred_parsed:
-            return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_seconds))
-    except (Exception, TimeoutException):  # noqa: BLE001 - TimeoutException is a BaseException
+        return _math_verify_verdict(prediction, gold, timeout_seconds, [])
+    except Exception:  # noqa: BLE001 - as before: anything math-verify cannot settle is not a match
         return False
 
 
-def _mv_parse(text: str, timeout_seconds: int) -> list[Any]:
-    from math_verify import parse
+def _math_verify_verdict(prediction: str, gold: str, timeout_seconds: int, hits: list[str]) -> bool:
+    """math-verify's `verify(parse(gold), parse(prediction))`, read the way its defaults do (an error
+    or a timeout in a parse gives no parse, in a comparison gives False, and the other comparisons
+    still run) but with `raise_on_error=True`, so that each timeout ("timeout") and MemoryError
+    ("memory") it would have swallowed is appended to `hits`."""
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
 
+    gold_parsed, gold_hits = _parse_gold(gold, timeout_seconds)
+    hits.extend(gold_hits)
+    if not gold_parsed:
+        return False
+    pred_parsed = _mv_parse(prediction, timeout_seconds, hits)
+    if not pred_parsed:
+        return False
+    for g, t in product(gold_parsed, pred_parsed):  # verify's own loop over pairs
+        try:
+            if verify(g, t, timeout_seconds=timeout_seconds, raise_on_error=True):
+                return True
+        except TimeoutException:
+            hits.append("timeout")
+        except MemoryError:
+            hits.append("memory")
+        except Exception:  # noqa: BLE001 - math-verify's default: a failed comparison is False
+            pass
+    return False
+
+
+def _mv_parse(text: str, timeout_seconds: int, hits: list[str]) -> list[Any]:
     # An answer is usually bare math ("1+x", "\\frac{1}{2}"): read it as LaTeX math first. Plain
     # parsing of "1+x" would extract just the "1".
     if "$" in text or "\\boxed" in text:
-        return parse(text, parsing_timeout=timeout_seconds)
-    parsed = parse(f"${text}$", parsing_timeout=timeout_seconds)
+        return _parse_once(text, timeout_seconds, hits)
+    parsed = _parse_once(f"${text}$", timeout_seconds, hits)
     if not parsed:
-        parsed = parse(text, parsing_timeout=timeout_seconds)
+        parsed = _parse_once(text, timeout_seconds, hits)
     return parsed
 
 
+def _parse_once(text: str, timeout_seconds: int, hits: list[str]) -> list[Any]:
+    from math_verify import parse
+    from math_verify.errors import TimeoutException
+
+    try:
+        return parse(text, parsing_timeout=timeout_seconds, raise_on_error=True)
+    except TimeoutException:
+        hits.append("timeout")
+    except MemoryError:
+        hits.append("memory")
+    except Exception:  # noqa: BLE001 - math-verify's default: a failed parse finds nothing
+        pass
+    return []
+
+
 @functools.lru_cache(maxsize=8192)
-def _parse_gold(gold: str, timeout_seconds: int) -> tuple[Any, ...]:
-    # Every completion in a GRPO group shares its gold answer: parse it once.
-    return tuple(_mv_parse(gold, timeout_seconds))
+def _parse_gold(gold: str, timeout_seconds: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    # Every completion in a GRPO group shares its gold answer: parse it once (a gold that timed out
+    # keeps its empty parse and its hit, as math-verify's default kept the empty parse).
+    hits: list[str] = []
+    return tuple(_mv_parse(gold, timeout_seconds, hits)), tuple(hits)
+
+
+def _math_verify_any(prediction: str, golds: Sequence[str], timeout_seconds: int) -> bool:
+    """Worker side of the answer reward: whether math-verify matches `prediction` to any of `golds`.
+    With no match and a bound hit on the way, raises `BoundHit` (the sample is counted)."""
+    hits: list[str] = []
+    for gold in golds:
+        if _math_verify_verdict(prediction, gold, timeout_seconds, hits):
+            return True
+    if hits:
+        raise BoundHit("memory" if "memory" in hits else "timeout")
+    return False
 
 
 def _gold_answers(example: Mapping[str, Any]) -> list[str]:
@@ -218,7 +318,10 @@ def answer_score(
     timeout_seconds: int = 1,
     max_answer_chars: int = 256,
 ) -> float:
-    """1.0 if the completion's answer equals `example["answer"]` (or any of a list of them), else 0.0."""
+    """1.0 if the completion's answer equals `example["answer"]` (or any of a list of them), else 0.0.
+
+    In-process (see `answers_match`); `make_answer_reward` gives the same scores with math-verify
+    in a bounded worker."""
     golds = _gold_answers(example)
     answer = extract_answer(completion, tag=tag, require_tag=require_tag)
     if answer is None:
@@ -230,6 +333,9 @@ def answer_score(
     ))
 
 
+_MATH_VERIFY_PRELOAD = ("rljax.rewards.verifiers", "math_verify", "sympy")
+
+
 def make_answer_reward(
     *,
     tag: str = "answer",
@@ -238,18 +344,82 @@ def make_answer_reward(
     use_math_verify: bool = True,
     timeout_seconds: int = 1,
     max_answer_chars: int = 256,
+    time_limit_seconds: float = 5.0,
+    memory_limit_mb: int = 1024,
+    workers: int = 2,
 ) -> RewardFn:
-    """Batch reward: 1.0 for a correct answer in the last `<answer>` tag, else 0.0 (see `answer_score`)."""
+    """Batch reward: 1.0 for a correct answer in the last `<answer>` tag, else 0.0 (see `answer_score`).
+
+    Extraction and the fast path run here; answers that need math-verify are checked in a shared
+    `rljax.rewards.bounded` pool of `workers` processes, each sample within `time_limit_seconds` of
+    wall clock and `memory_limit_mb` of address space beyond the worker's loaded libraries
+    (math-verify's own alarm, `timeout_seconds` per parse and comparison, still runs there). A sample
+    that hits a bound scores 0.0 and is counted in the function's `bound_hits` (`timeout`, `memory`,
+    `crash`), which the trainer logs as `reward/<name>/timeouts`, `/memory`, `/crashes`.
+    """
     if isinstance(timeout_seconds, bool) or int(timeout_seconds) != timeout_seconds or timeout_seconds < 1:
         raise ValueError(f"answer reward: timeout_seconds must be a whole number >= 1 (signal.alarm), "
                          f"got {timeout_seconds!r}")
+    pool = _bounded_pool("answer", _MATH_VERIFY_PRELOAD, dict(
+        time_limit_seconds=time_limit_seconds, memory_limit_mb=memory_limit_mb, workers=workers))
+    fast_options = dict(allow_expressions=allow_expressions, use_math_verify=use_math_verify,
+                        max_answer_chars=max_answer_chars)
+    alarm = int(timeout_seconds)
 
-    def answer(completion: str, example: Mapping[str, Any]) -> float:
-        return answer_score(completion, example, tag=tag, require_tag=require_tag,
-                            allow_expressions=allow_expressions, use_math_verify=use_math_verify,
-                            timeout_seconds=int(timeout_seconds), max_answer_chars=max_answer_chars)
+    def answer(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        _check_batch("answer", completions, examples)
+        out = np.zeros(len(completions), dtype=np.float64)
+        pending: list[tuple[int, str, tuple[str, ...]]] = []  # (sample, answer, golds math-verify decides)
+        errors: list[tuple[int, str]] = []
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            try:
+                golds = _gold_answers(example)
+                prediction = extract_answer(completion, tag=tag, require_tag=require_tag)
+                if prediction is None:
+                    continue
+                verdicts = [_fast_match(prediction, g, **fast_options) for g in golds]
+            except Exception as exc:  # noqa: BLE001 - as per_sample: one bad sample is NaN, not the batch
+                out[i] = np.nan
+                errors.append((i, f"{type(exc).__name__}: {exc}"))
+                continue
+            if any(v is True for v in verdicts):
+                out[i] = 1.0
+            elif any(v is None for v in verdicts):
+                pending.append((i, prediction.strip(), tuple(g.strip() for g, v in zip(golds, verdicts) if v is None)))
+        if pending:
+            outcomes = pool().map(_math_verify_any, [(p, g, alarm) for _, p, g in pending])
+            for (i, _, _), outcome in zip(pending, outcomes):
+                if outcome.reason is None:
+                    out[i] = float(outcome.value)
+                elif outcome.reason == "error":
+                    out[i] = np.nan
+                    errors.append((i, outcome.error))
+                else:
+                    answer.bound_hits[outcome.reason] += 1  # scored 0.0
+        _warn_errors("answer", errors, len(completions))
+        return out
 
-    return per_sample(answer, name="answer")
+    answer.reward_name = "answer"  # type: ignore[attr-defined]
+    answer.bound_hits = Counter()  # type: ignore[attr-defined]
+    return answer
+
+
+def _bounded_pool(name: str, preload: tuple[str, ...], options: Mapping[str, Any]):
+    """A function returning the shared pool for `options` (started on the first sample that needs it);
+    the options are checked now."""
+    try:
+        check_bounds(**options)
+    except ValueError as exc:
+        raise ValueError(f"{name} reward: {exc}") from None
+    return functools.partial(shared_pool, preload=preload, **options)
+
+
+def _warn_errors(name: str, errors: list[tuple[int, str]], n: int) -> None:
+    if errors:
+        index, message = errors[0]
+        logger.warning("reward %r raised on %d of %d samples (scored NaN); first at sample %d: %s",
+                       name, len(errors), n, index, message)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +445,7 @@ def think_answer_format(completion: str, *, think_prefilled: bool = False) -> bo
 
 def has_answer_tag(completion: str, *, tag: str = "answer") -> bool:
     """Whether the completion holds at least one non-empty `<answer>…</answer>`."""
-    return any(m.strip() for m in _tag_pattern(tag).findall(completion))
+    return any(content.strip() for content in _tag_contents(completion, tag))
 
 
 def make_format_reward(*, think_prefilled: bool = False) -> RewardFn:
@@ -411,7 +581,8 @@ def _reasoning_gym_scorer(dataset_name: str):
 
 
 def make_reasoning_gym_reward(
-    *, tag: str = "answer", require_tag: bool = True, dataset: str | None = None
+    *, tag: str = "answer", require_tag: bool = True, dataset: str | None = None,
+    time_limit_seconds: float = 5.0, memory_limit_mb: int = 1024, workers: int = 2,
 ) -> RewardFn:
     """Batch reward from reasoning-gym's `score_answer` for the example's dataset.
 
@@ -421,23 +592,56 @@ def make_reasoning_gym_reward(
     score as their minimum). Values follow reasoning-gym (often partial credit, e.g. 0.01 for a wrong
     answer). Countdown is scored by `countdown_score` with reasoning-gym's values (1.0 / 0.05 / 0.01)
     because reasoning-gym's countdown scorer runs the model's text through sympy's `parse_expr`,
-    which evaluates it with `eval`. Other reasoning-gym scorers may do the same; read theirs before
-    using this reward on an untrusted policy.
+    which evaluates it with `eval`. Other reasoning-gym scorers may do the same (and run sympy): they
+    run in a bounded worker as the answer reward's math-verify does (`time_limit_seconds`,
+    `memory_limit_mb`, `workers`; a bound hit scores 0.0 and is counted in `bound_hits`).
     """
+    pool = _bounded_pool("reasoning_gym", ("rljax.rewards.verifiers", "reasoning_gym"), dict(
+        time_limit_seconds=time_limit_seconds, memory_limit_mb=memory_limit_mb, workers=workers))
 
-    def reasoning_gym_score(completion: str, example: Mapping[str, Any]) -> float:
-        metadata = example.get("metadata") or {}
-        name = dataset or metadata.get("source_dataset") or example.get("task")
-        if not name:
-            raise KeyError("cannot tell the reasoning-gym dataset: no metadata.source_dataset or task")
-        if name == "countdown":
-            return countdown_score(completion, example, score=1.0, format_score=0.05, no_answer_score=0.01)
-        answer = extract_answer(completion, tag=tag, require_tag=require_tag)
-        entry = {"question": example.get("question", example.get("prompt")), "answer": example["answer"],
-                 "metadata": metadata}
-        return float(_reasoning_gym_scorer(name)(answer, entry))
+    def reasoning_gym(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        _check_batch("reasoning_gym", completions, examples)
+        out = np.zeros(len(completions), dtype=np.float64)
+        pending: list[tuple[int, str, str | None, dict]] = []  # (sample, dataset, answer, scorer's entry)
+        errors: list[tuple[int, str]] = []
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            try:
+                metadata = example.get("metadata") or {}
+                name = dataset or metadata.get("source_dataset") or example.get("task")
+                if not name:
+                    raise KeyError("cannot tell the reasoning-gym dataset: no metadata.source_dataset or task")
+                if name == "countdown":
+                    out[i] = countdown_score(completion, example, score=1.0, format_score=0.05, no_answer_score=0.01)
+                    continue
+                answer = extract_answer(completion, tag=tag, require_tag=require_tag)
+                entry = {"question": example.get("question", example.get("prompt")), "answer": example["answer"],
+                         "metadata": metadata}
+            except Exception as exc:  # noqa: BLE001 - as per_sample: one bad sample is NaN, not the batch
+                out[i] = np.nan
+                errors.append((i, f"{type(exc).__name__}: {exc}"))
+                continue
+            pending.append((i, name, answer, entry))
+        if pending:
+            outcomes = pool().map(_reasoning_gym_score, [(name, a, e) for _, name, a, e in pending])
+            for (i, *_), outcome in zip(pending, outcomes):
+                if outcome.reason is None:
+                    out[i] = outcome.value
+                elif outcome.reason == "error":
+                    out[i] = np.nan
+                    errors.append((i, outcome.error))
+                else:
+                    reasoning_gym.bound_hits[outcome.reason] += 1  # scored 0.0
+        _warn_errors("reasoning_gym", errors, len(completions))
+        return out
 
-    return per_sample(reasoning_gym_score, name="reasoning_gym")
+    reasoning_gym.reward_name = "reasoning_gym"  # type: ignore[attr-defined]
+    reasoning_gym.bound_hits = Counter()  # type: ignore[attr-defined]
+    return reasoning_gym
+
+
+def _reasoning_gym_score(dataset_name: str, answer: str | None, entry: Mapping[str, Any]) -> float:
+    """Worker side of the reasoning-gym reward: the dataset's own scorer."""
+    return float(_reasoning_gym_scorer(dataset_name)(answer, entry))
 
 
 register_reward("answer", make_answer_reward)

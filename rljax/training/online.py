@@ -32,6 +32,7 @@ from rljax.batches import RolloutBatch
 from rljax.data.batching import PromptIterator
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.rewards.base import build_rewards
+from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
 from rljax.run_config import RunConfig
 from rljax.training import loop
@@ -228,6 +229,7 @@ class OnlineTrainer:
         metrics.update(self.update_epochs(batch))
         t_update = time.perf_counter() - t2
         metrics.update(roll.reward_metrics)
+        metrics.update(bound_hit_metrics(self.rewards.functions))  # every sample scored this step, dropped groups too
         metrics.update({
             "completion/mean_length": float(roll.completion_mask.sum(-1).mean()),
             "completion/stopped_frac": float(np.mean(roll.finished)),
@@ -270,6 +272,7 @@ class OnlineTrainer:
             results[f"eval/{name}"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
         results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls])))
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
+        results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
         return results
 
     # ------------------------------------------------------------------ what fit calls
