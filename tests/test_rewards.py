@@ -3,7 +3,6 @@
 import logging
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -122,10 +121,9 @@ def test_answer_reward_rejects_fractional_timeout():
         make_answer_reward(timeout_seconds=0.5)
 
 
-def test_math_verify_cannot_hang_on_power_tower():
-    start = time.perf_counter()
+def test_math_verify_power_tower_is_no_match():
+    # the time bound itself is the bounded pool's (tests/test_bounded_verifiers.py); no wall clock here
     assert answers_match("9^{9^{9^9}}", "5", timeout_seconds=1) is False
-    assert time.perf_counter() - start < 6.0  # parse + verify are each bounded by ~1 s
 
 
 def test_answers_match_off_main_thread_keeps_fast_path():
