@@ -78,7 +78,7 @@ def _prompt_problem(prompt: Any, *, chat: bool) -> str | None:
         if not prompt:
             return "the prompt is an empty list of chat messages"
         for j, m in enumerate(prompt):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 return f"chat message {j} is not a {{role: <str>, content: <str>}} mapping: {m!r:.80}"
         return None
     return f"the prompt must be a string or a list of chat messages, got {type(prompt).__name__} {prompt!r:.40}"
