@@ -22,7 +22,9 @@ Writing a schema:
 * Restricted strings are ``Literal["token", "sequence"]`` fields; the allowed values are checked.
 * Cross-field rules go in an optional ``validate(self) -> None`` method that raises ``ValueError``
   with a message naming the offending fields. It is called on every dataclass in the tree,
-  children before parents, and the error is reported under the dataclass's dotted key.
+  children before parents, and the error is reported under the dataclass's dotted key. A rule
+  about one field raises :class:`FieldError` (``check_range`` does, for numbers) and is reported
+  under that field's dotted key (``optim.learning_rate``).
 * Derived values are ``@property`` methods, never fields written back.
 * A section that is one of several kinds is a *tagged union* of frozen dataclasses
   (``A | B`` or ``Union[A, B]``; not inside ``Optional``, ``list`` or ``dict``). Each member has a
@@ -65,6 +67,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import math
 import os
 import types
 import typing
@@ -86,6 +89,8 @@ __all__ = [
     "save_config",
     "validate_config",
     "union_members",
+    "FieldError",
+    "check_range",
 ]
 
 
@@ -105,6 +110,45 @@ class ConfigError(ValueError):
         where = f"{source}: " if source else ""
         what = f"{key or '<root>'}: " if key is not None else ""
         super().__init__(f"{where}{what}{reason}")
+
+
+class FieldError(ValueError):
+    """What a ``validate()`` method raises about one of its own fields: reported as a
+    :class:`ConfigError` under the field's full dotted key (``algorithm.epsilon_low``)."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+def check_range(section: Any, field: str, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False, note: str = "") -> None:
+    """Raises :class:`FieldError` unless ``section.<field>`` is a finite number within the bounds.
+
+    ``low`` / ``high`` are inclusive unless ``low_open`` / ``high_open``; ``None`` is no bound. A
+    value of ``None`` passes (the schema's ``Optional`` says where null is allowed). NaN and
+    infinities are refused always: a non-finite setting is never what a run meant. ``note`` is added
+    to the message (``"(null = off)"``).
+    """
+    value = getattr(section, field)
+    if value is None:
+        return
+    if low is not None and high is not None:
+        expected = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        expected = f"{'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        expected = f"{'<' if high_open else '<='} {high:g}"
+    else:
+        expected = "finite"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        raise FieldError(field, f"must be {expected}{' ' + note if note else ''}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -419,6 +463,8 @@ def _validate_tree(obj: Any, path: str) -> None:
         if callable(validate):
             try:
                 validate()
+            except FieldError as e:
+                raise ConfigError(_join(path, e.field), e.reason) from None
             except ValueError as e:
                 if isinstance(e, ConfigError):
                     raise

@@ -54,8 +54,8 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     from rljax.rollout import PromptFormat, rollout, sampling_config
 
     examples = _examples(cfg, split)
-    rewards = build_rewards(cfg.rewards)
     model, tokenizer = load(cfg.model.name, dtype=dtype_from_name(cfg.model.dtype))
+    rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share the policy's tokenizer
     sampling = sampling_config(cfg.sampling, tokenizer, model.config)
     fmt = PromptFormat.from_data(cfg.data)
     key = rng.stream(cfg.train.seed, "pairs")

@@ -32,8 +32,8 @@ from rljax.data.prompts import format_prompt
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
 
-__all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "rollout", "sampling_config",
-           "stop_token_ids"]
+__all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "render_prompt", "rollout",
+           "sampling_config", "stop_token_ids"]
 
 
 def stop_token_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:
@@ -102,6 +102,13 @@ class PromptFormat:
                    max_prompt_length=data.max_prompt_length, too_long=data.too_long)
 
 
+def render_prompt(tokenizer: Any, prompt: str | list[dict], fmt: PromptFormat) -> str:
+    """The text ``prompt`` becomes under ``fmt`` (chat template, system prompt, assistant prefix):
+    what :func:`encode_prompts` tokenises (with ``add_special_tokens=fmt.add_special_tokens``)."""
+    return format_prompt(tokenizer, prompt, system_prompt=fmt.system_prompt or None, chat=fmt.chat,
+                         assistant_prefix=fmt.assistant_prefix)
+
+
 def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict]], fmt: PromptFormat) -> TokenizedPrompts:
     """Format (``format_prompt``) and tokenise ``prompts``, left-padded to a bucket width
     (``rljax.data.batching.tokenize_prompts``): ``(input_ids, attention_mask, kept, dropped)``.
@@ -112,8 +119,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict]], fmt: Pro
     """
     if isinstance(prompts, str):
         raise TypeError("prompts must be a sequence of prompts, got one str")
-    texts = [format_prompt(tokenizer, p, system_prompt=fmt.system_prompt or None, chat=fmt.chat,
-                           assistant_prefix=fmt.assistant_prefix) for p in prompts]
+    texts = [render_prompt(tokenizer, p, fmt) for p in prompts]
     # filter first, then raise with the prompt itself (the formatted text starts with the template)
     tok = tokenize_prompts(tokenizer, texts, max_prompt_length=fmt.max_prompt_length, too_long="filter",
                            buckets=fmt.buckets, add_special_tokens=fmt.add_special_tokens)

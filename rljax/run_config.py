@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 
 from rljax.algorithms import ALGORITHMS
 from rljax.algorithms.grpo import GRPOConfig
-from rljax.config import load_config  # noqa: F401  (re-exported for callers)
+from rljax.config import FieldError, check_range, load_config  # noqa: F401  (load_config re-exported for callers)
 
 # the `algorithm:` section: one of the algorithms' config sections, picked by `name`
 AlgorithmConfig = typing.Union[tuple(a.config for a in ALGORITHMS.values())]  # type: ignore[valid-type]
@@ -36,6 +36,10 @@ class ModelSection:
     # true: training and scoring passes loop over the layers (lax.scan) instead of unrolling them;
     # compiles faster for deep models, ran the CPU update ~10% slower (rljax/models/transformer.py)
     scan_layers: bool = False
+
+    def validate(self) -> None:
+        check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
+        check_range(self, "lora_alpha", low=0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +65,10 @@ class DataSection:
     eval_path: str = ""  # a separate held-out file instead of eval_fraction
 
     def validate(self) -> None:
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        check_range(self, "eval_fraction", low=0, high=1, high_open=True)
+        check_range(self, "train_size", low=0)
+        check_range(self, "eval_size", low=0)
+        check_range(self, "max_prompt_length", low=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,14 @@ class SamplingSection:
     top_p: float = 1.0
     eval_temperature: float = 0.0  # evaluation decodes greedily by default
     ignore_eos: bool = False  # never stop before max_new_tokens (fixed-length benchmarks)
+
+    def validate(self) -> None:
+        # the sampler (rljax.sampling.SamplingConfig) refuses these too, but only once the model is loaded
+        check_range(self, "max_new_tokens", low=1)
+        check_range(self, "temperature", low=0, note="(0 = greedy)")
+        check_range(self, "eval_temperature", low=0, note="(0 = greedy)")
+        check_range(self, "top_k", low=0, note="(null or 0 = off)")
+        check_range(self, "top_p", low=0, high=1, low_open=True, note="(1 = off)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +100,12 @@ class OptimSection:
     grad_clip: Optional[float] = 1.0  # global-norm clipping; null = off
 
     def validate(self) -> None:
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 (null = no clipping), got {self.grad_clip}")
-        if self.learning_rate < 0 or self.warmup_steps < 0:
-            raise ValueError("learning_rate and warmup_steps must be >= 0")
+        check_range(self, "learning_rate", low=0)
+        check_range(self, "warmup_steps", low=0)
+        check_range(self, "weight_decay", low=0)
+        check_range(self, "b1", low=0, high=1, high_open=True)
+        check_range(self, "b2", low=0, high=1, high_open=True)
+        check_range(self, "grad_clip", low=0, low_open=True, note="(null = no clipping)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +118,11 @@ class TrainSection:
     samples_every: Optional[int] = 5  # write training samples every this many steps; null = never
     tensorboard: bool = False
     progress: bool = True
+
+    def validate(self) -> None:
+        check_range(self, "steps", low=1)
+        check_range(self, "eval_every", low=0, note="(null or 0 = only before and after training)")
+        check_range(self, "samples_every", low=0, note="(null or 0 = never)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +143,10 @@ class RunConfig:
         return ALGORITHMS[self.algorithm.name].online
 
     def validate(self) -> None:
+        weights = [w.get("weight", 1.0) if isinstance(w, dict) else w for w in self.rewards.values()]
+        if weights and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w == 0 for w in weights):
+            raise FieldError("rewards", f"every reward weight is 0 ({', '.join(self.rewards)}): the total reward "
+                                        "would be 0 for every sample, so nothing is learned; give one a weight")
         if not self.is_online:
             if not self.data.path and not self.data.task:
                 raise ValueError(f"{self.algorithm.name} needs data.path (a file or data set) or data.task")

@@ -197,7 +197,7 @@ def test_bad_config_names_the_key(tmp_path):
         from_yaml(RunConfig, "algorithm: {name: rloo, loss: reinforce, epsilon_high: 0.28}\nrewards: {answer: 1.0}")
     with pytest.raises(ConfigError, match="rewards"):
         from_yaml(RunConfig, "algorithm: {name: reinforce_pp}")
-    with pytest.raises(ConfigError, match="grad_clip must be > 0 \\(null = no clipping\\)"):  # not a sentinel
+    with pytest.raises(ConfigError, match="optim.grad_clip: must be > 0 \\(null = no clipping\\)"):  # not a sentinel
         from_yaml(RunConfig, "optim: {grad_clip: 0.0}\nrewards: {answer: 1.0}")
 
 

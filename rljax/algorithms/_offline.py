@@ -12,6 +12,7 @@ from typing import Literal, Optional
 import jax.numpy as jnp
 
 from rljax.batches import PairBatch
+from rljax.config import check_range
 from rljax.logprobs import completion_logprobs
 
 
@@ -35,14 +36,11 @@ class OfflineSettings:
         return self.batch_size // (self.micro_batch_size or self.batch_size)
 
     def validate(self) -> None:
-        if self.batch_size < 1 or self.eval_batch_size < 1:
-            raise ValueError("batch_size and eval_batch_size must be >= 1")
-        if self.micro_batch_size is not None and (self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size):
+        for key in ("batch_size", "eval_batch_size", "micro_batch_size", "max_completion_length"):
+            check_range(self, key, low=1)
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"epochs must be > 0 (or null: train.steps), got {self.epochs}")
-        if self.max_completion_length < 1:
-            raise ValueError("max_completion_length must be >= 1")
+        check_range(self, "epochs", low=0, low_open=True, note="(null = train.steps)")
 
 
 def flatten(batch: PairBatch) -> tuple[jnp.ndarray, ...]:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import advantages as adv
+from rljax.config import check_range
 from rljax.batches import RolloutBatch
 from rljax.logprobs import completion_logprobs
 from rljax.losses.policy import policy_gradient_loss
@@ -52,19 +53,16 @@ class OnlineSettings:
         return mini // (self.micro_batch_size or mini)
 
     def validate(self) -> None:
-        if self.group_size < 1 or self.prompts_per_step < 1:
-            raise ValueError("group_size and prompts_per_step must be >= 1")
-        if self.num_iterations < 1 or self.mini_batches < 1 or (self.micro_batch_size or 1) < 1:
-            raise ValueError("num_iterations, mini_batches and micro_batch_size must be >= 1")
+        for key in ("group_size", "prompts_per_step", "num_iterations", "mini_batches", "micro_batch_size",
+                    "max_sampling_rounds"):
+            check_range(self, key, low=1)
+        check_range(self, "entropy_coef")  # a negative one minimises entropy (a studied objective)
+        check_range(self, "kl_coef", low=0)
         if self.rows % self.mini_batches:
             raise ValueError(f"mini_batches ({self.mini_batches}) must divide the rows per step ({self.rows})")
         mini = self.rows // self.mini_batches
         if self.micro_batch_size and mini % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the mini-batch ({mini})")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.max_sampling_rounds < 1:
-            raise ValueError(f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +76,9 @@ class ClipSettings(OnlineSettings):
 
     def validate(self) -> None:
         super().validate()
-        if self.epsilon_low < 0 or self.epsilon_high < 0:
-            raise ValueError("epsilon_low and epsilon_high must be >= 0")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1 (or null = off), got {self.dual_clip}")
+        check_range(self, "epsilon_low", low=0)
+        check_range(self, "epsilon_high", low=0)
+        check_range(self, "dual_clip", low=1, low_open=True, note="(null = off)")
 
 
 def totals(batch: RolloutBatch) -> dict:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from rljax.algorithms import _offline
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import PairBatch
+from rljax.config import check_range
 from rljax.losses.preference import preference_loss
 
 
@@ -44,8 +45,8 @@ class DPOConfig(_offline.OfflineSettings):
 
     def validate(self) -> None:
         super().validate()
-        if self.beta <= 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
+        check_range(self, "beta", low=0, low_open=True)
+        check_range(self, "simpo_gamma")
         limit = 0.5 if self.loss_type == "robust" else 1.0
         if not 0.0 <= self.label_smoothing < limit:
             raise ValueError(f"label_smoothing must be in [0, {limit}) for loss_type={self.loss_type}, "
@@ -56,8 +57,7 @@ class DPOConfig(_offline.OfflineSettings):
             raise ValueError(f"simpo_gamma is a setting of loss_type=simpo, not {self.loss_type}")
         if self.odpo_alpha is not None and not self.margin_column:
             raise ValueError("odpo_alpha is used only with margin_column (ODPO's offset)")
-        if self.odpo_alpha is not None and self.odpo_alpha < 0:
-            raise ValueError(f"odpo_alpha must be >= 0, got {self.odpo_alpha}")
+        check_range(self, "odpo_alpha", low=0)
         if self.margin_column and (self.loss_type != "sigmoid" or self.label_smoothing):
             raise ValueError(f"margin_column with DPO is ODPO's offset (arXiv:2402.10571), published for "
                              f"loss_type=sigmoid without label smoothing; got loss_type={self.loss_type}, "

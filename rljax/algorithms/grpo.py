@@ -17,6 +17,7 @@ from typing import Literal
 from rljax import advantages as adv
 from rljax.algorithms import _policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
+from rljax.config import FieldError, check_range
 from rljax.batches import RolloutBatch
 
 
@@ -31,7 +32,9 @@ class GRPOConfig(pg.ClipSettings):
     def validate(self) -> None:
         super().validate()
         if self.group_size < 2:
-            raise ValueError("grpo needs group_size >= 2 (a baseline from the other completions)")
+            raise FieldError("group_size", f"grpo needs group_size >= 2 (a baseline from the other completions), "
+                                           f"got {self.group_size}")
+        check_range(self, "advantage_eps", low=0)
 
 
 def advantages(batch: RolloutBatch, cfg: GRPOConfig) -> RolloutBatch:

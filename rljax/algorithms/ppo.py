@@ -22,6 +22,7 @@ from rljax import advantages as adv
 from rljax.algorithms import _policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
+from rljax.config import check_range
 from rljax.logprobs import completion_values
 from rljax.losses.value import value_loss
 
@@ -46,10 +47,12 @@ class PPOConfig(pg.ClipSettings):
         super().validate()
         if self.critic == "shared" and (self.critic_model is not None or self.critic_learning_rate is not None):
             raise ValueError("critic_model and critic_learning_rate are settings of critic: separate")
-        if self.critic_learning_rate is not None and self.critic_learning_rate <= 0:
-            raise ValueError(f"critic_learning_rate must be > 0, got {self.critic_learning_rate}")
-        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
-            raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        check_range(self, "critic_learning_rate", low=0, low_open=True, note="(null = optim.learning_rate)")
+        check_range(self, "gamma", low=0, high=1)
+        check_range(self, "lam", low=0, high=1)
+        check_range(self, "vf_coef", low=0)
+        check_range(self, "value_clip", low=0)
+        check_range(self, "missing_eos_penalty")
 
 
 def advantages(batch: RolloutBatch, cfg: PPOConfig) -> RolloutBatch:

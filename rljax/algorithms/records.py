@@ -20,6 +20,7 @@ from rljax.algorithms import _offline
 from rljax.algorithms._policy_gradient import Reduction
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import RecordBatch
+from rljax.config import check_range
 from rljax.logprobs import completion_logprobs
 from rljax.losses.reduce import num_valid_sequences, num_valid_tokens
 from rljax.losses.records import record_weights, weighted_nll_loss
@@ -41,12 +42,10 @@ class RecordsConfig(_offline.OfflineSettings):
 
     def validate(self) -> None:
         super().validate()
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.max_weight is not None and self.max_weight <= 0:
-            raise ValueError(f"max_weight must be > 0 (null = no clip), got {self.max_weight}")
-        if self.task_responses < 2:
-            raise ValueError("task_responses must be >= 2")
+        check_range(self, "temperature", low=0, low_open=True)
+        check_range(self, "max_weight", low=0, low_open=True, note="(null = no clip)")
+        check_range(self, "score_threshold")
+        check_range(self, "task_responses", low=2)
 
 
 def prepare(data, cfg: RecordsConfig, split: str):

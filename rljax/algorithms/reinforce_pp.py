@@ -19,6 +19,7 @@ from rljax import advantages as adv
 from rljax.algorithms import _policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
+from rljax.config import check_range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +31,7 @@ class ReinforcePPConfig(pg.ClipSettings):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        check_range(self, "gamma", low=0, high=1)
 
 
 def advantages(batch: RolloutBatch, cfg: ReinforcePPConfig) -> RolloutBatch:

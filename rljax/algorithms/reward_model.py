@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from rljax.algorithms import _offline
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import PairBatch
+from rljax.config import check_range
 from rljax.logprobs import sequence_rewards
 from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
 
@@ -41,8 +42,8 @@ class RewardModelConfig(_offline.OfflineSettings):
         super().validate()
         if self.rm_loss == "kwise" and (self.margin_column or self.centering_coef):
             raise ValueError("margin_column and centering_coef are settings of rm_loss: pairwise")
-        if self.task_responses < 2:
-            raise ValueError("task_responses must be >= 2")
+        check_range(self, "task_responses", low=2)
+        check_range(self, "centering_coef", low=0)
 
 
 def scores(model, batch: PairBatch) -> tuple[jnp.ndarray, jnp.ndarray]:

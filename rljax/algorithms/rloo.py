@@ -20,6 +20,7 @@ from rljax import advantages as adv
 from rljax.algorithms import _policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
+from rljax.config import FieldError
 from rljax.losses.policy import reinforce_loss
 
 _CLIP_DEFAULTS = pg.ClipSettings()
@@ -37,7 +38,8 @@ class RLOOConfig(pg.ClipSettings):
     def validate(self) -> None:
         super().validate()
         if self.group_size < 2:
-            raise ValueError("rloo needs group_size >= 2 (a baseline from the other completions)")
+            raise FieldError("group_size", f"rloo needs group_size >= 2 (a baseline from the other completions), "
+                                           f"got {self.group_size}")
         if self.loss == "reinforce":
             for key in ("ratio_level", "epsilon_low", "epsilon_high", "dual_clip"):
                 if getattr(self, key) != getattr(_CLIP_DEFAULTS, key):

@@ -18,23 +18,40 @@ __all__ = ["DTYPE_NAMES", "KVCache", "ModelConfig", "Transformer", "UnsupportedC
            "init_model", "load", "read_checkpoint"]
 
 
-def read_checkpoint(name_or_path: str, *, value_head: bool = False):
+def read_checkpoint(name_or_path: str, *, value_head: bool = False, tokenizer=None):
     """``(config, params, value_head_params, tokenizer)`` of a registered name, ``.gguf`` file or Hugging
     Face directory, as host arrays (``value_head_params`` None unless the directory has a head):
-    what :func:`load` and ``rljax.models.sharded_loading.load_pretrained_sharded`` place."""
-    from transformers import AutoTokenizer
+    what :func:`load` and ``rljax.models.sharded_loading.load_pretrained_sharded`` place.
 
+    ``tokenizer``: the one to use when a Hugging Face directory has no tokenizer files of its own (a
+    critic or reward model that reads the policy's tokens); without one such a directory raises
+    ``FileNotFoundError`` naming the files it lacks. A tokenizer with more tokens than the model's
+    ``vocab_size`` raises ``ValueError`` (its extra ids would index past the embedding table).
+    """
     from rljax.models.gguf_io import read_gguf
-    from rljax.models.hf_io import params_from_hf_state_dict, read_hf_dir
+    from rljax.models.hf_io import has_tokenizer, load_hf_tokenizer, params_from_hf_state_dict, read_hf_dir
     from rljax.models.registry import resolve
 
     resolved = resolve(name_or_path)
     if resolved.kind == "gguf":
         checkpoint = read_gguf(resolved.path)
         config = ModelConfig.from_hf_dict(checkpoint.hf_config)
+        _check_vocab(checkpoint.tokenizer, config, name_or_path)
         return config, params_from_hf_state_dict(config, checkpoint.state_dict), None, checkpoint.tokenizer
+    # the tokenizer first: a directory without one fails before its weights are read
+    if tokenizer is None or has_tokenizer(resolved.path):
+        tokenizer = load_hf_tokenizer(resolved.path)
     config, params, value_head_params = read_hf_dir(resolved.path, value_head=value_head)
-    return config, params, value_head_params, AutoTokenizer.from_pretrained(resolved.path)
+    _check_vocab(tokenizer, config, name_or_path)
+    return config, params, value_head_params, tokenizer
+
+
+def _check_vocab(tokenizer, config: ModelConfig, name: str) -> None:
+    # len() counts added tokens too (vocab_size does not): those are the ids a prompt or the sampler can hold
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+                         f"{config.vocab_size}: ids from {config.vocab_size} on have no embedding row; use the "
+                         "model's own tokenizer")
 
 
 def load(
@@ -44,17 +61,20 @@ def load(
     param_dtype=None,
     value_head: bool = False,
     scan_layers: bool = False,
+    tokenizer=None,
 ):
     """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face directory.
 
     ``dtype`` is the compute dtype; ``param_dtype`` (default: ``dtype``) the storage dtype.
     ``value_head=True`` adds a scalar value head (zero-initialised unless the directory has one).
     ``scan_layers=True`` loops over the layers in training and scoring passes instead of unrolling
-    them (``Transformer``).
+    them (``Transformer``). ``tokenizer``: used when a Hugging Face directory has none of its own
+    (:func:`read_checkpoint`).
     """
     from rljax.models.hf_io import model_from_params
 
-    config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head)
+    config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head,
+                                                                   tokenizer=tokenizer)
     model = model_from_params(config, params, param_dtype=dtype if param_dtype is None else param_dtype, dtype=dtype,
                               value_head=value_head, value_head_params=value_head_params)
     model.scan_layers = scan_layers  # static execution setting, no parameter

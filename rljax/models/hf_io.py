@@ -155,6 +155,29 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+# Any one of these holds a tokenizer's vocabulary: tokenizer.json (a fast tokenizer), a sentencepiece
+# model (tokenizer.model, spiece.model), a byte-level BPE's vocab.json (+ merges.txt), a WordPiece vocab.txt.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def has_tokenizer(directory: str) -> bool:
+    """Whether a Hugging Face directory holds tokenizer files (:data:`TOKENIZER_FILES`)."""
+    return any(os.path.isfile(os.path.join(directory, name)) for name in TOKENIZER_FILES)
+
+
+def load_hf_tokenizer(directory: str):
+    """``AutoTokenizer.from_pretrained(directory)``, or ``FileNotFoundError`` naming the directory and
+    the files it lacks (transformers would say "Couldn't instantiate the backend tokenizer")."""
+    if not has_tokenizer(directory):
+        raise FileNotFoundError(
+            f"{directory} has model weights but no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there. "
+            "Copy in the tokenizer files of the model it was trained from "
+            f"(tokenizer.save_pretrained({directory!r}))")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
 def read_hf_dir(
     directory: str, *, value_head: bool = False
 ) -> tuple[ModelConfig, dict[str, Any], dict[str, np.ndarray] | None]:

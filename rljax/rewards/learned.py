@@ -8,7 +8,9 @@ a ``reward_model`` run (``RUN_DIR/model``). The reward is the value head at the 
 the rendered prompt followed by the completion (and EOS when the model was trained so), exactly as
 ``rljax.logprobs.sequence_rewards`` computes it in training. The prompt rendering
 (chat template, system prompt) and lengths default to what the reward model was trained with
-(``rljax_reward_model.json`` in the directory); options override them.
+(``rljax_reward_model.json`` in the directory); options override them. A directory without
+tokenizer files reads the policy's tokens with the policy's tokenizer (``build_rewards(...,
+tokenizer=...)``, as the online trainer calls it).
 
 Scoring is batched: ``batch_size`` rows per call of one jitted function, widths bucketed, so a run
 compiles a handful of programs. Prompts longer than ``max_prompt_length`` keep their last tokens;
@@ -31,12 +33,12 @@ _META = "rljax_reward_model.json"
 
 
 @functools.lru_cache(maxsize=4)
-def _load_reward_model(path: str, dtype: str):
+def _load_reward_model(path: str, dtype: str, tokenizer=None):
     from flax import nnx
 
     from rljax.models import dtype_from_name, load
 
-    model, tokenizer = load(path, dtype=dtype_from_name(dtype), value_head=True)
+    model, tokenizer = load(path, dtype=dtype_from_name(dtype), value_head=True, tokenizer=tokenizer)
     if model.value_head is None:  # pragma: no cover - load(value_head=True) always builds one
         raise ValueError(f"{path}: no value head")
     graphdef, state = nnx.split(model)
@@ -72,6 +74,7 @@ def make_reward_model_reward(
     max_completion_length: int | None = None,
     append_eos: bool | None = None,
     dtype: str = "float32",
+    tokenizer: Any = None,
 ) -> RewardFn:
     """Batch reward: the reward model at ``path`` scores ``example["prompt"]`` + completion.
 
@@ -80,6 +83,8 @@ def make_reward_model_reward(
     ``rljax_reward_model.json`` (written by the reward model trainer), else ``True``, ``""``, ``""``,
     ``512``, ``512``, ``True``. With an assistant prefix the prompt ends with it and a completion
     that starts with it (as the online trainer's texts do) is scored without repeating it.
+    ``tokenizer`` (context from ``build_rewards``: the policy's) is used only when the directory has
+    no tokenizer files of its own.
     """
     from rljax.data.batching import default_buckets, pad_token_id
     from rljax.data.preferences import strip_prefix, tokenize_response
@@ -103,7 +108,10 @@ def make_reward_model_reward(
     max_prompt_length = max_prompt_length or meta.get("max_prompt_length", 512)
     max_completion_length = max_completion_length or meta.get("max_completion_length", 512)
     append_eos = meta.get("append_eos", True) if append_eos is None else append_eos
-    graphdef, state, tokenizer = _load_reward_model(path, dtype)
+    from rljax.models.hf_io import has_tokenizer
+
+    # the policy's tokenizer only where the directory has none: the cache then keys on the path alone
+    graphdef, state, tokenizer = _load_reward_model(path, dtype, None if has_tokenizer(path) else tokenizer)
     score = _jitted_score()
     pad = pad_token_id(tokenizer)
     prompt_buckets, completion_buckets = default_buckets(max_prompt_length), default_buckets(max_completion_length)

@@ -1,22 +1,28 @@
 """A run's data: train and held-out rows, by one rule for online and offline runs.
 
-    train, evals, counts = online_examples(cfg)          # prompts (+ answers) for online RL
+    train, evals, counts = online_examples(cfg, tokenizer)   # prompts (+ answers) for online RL
     train, evals, counts = offline_rows(cfg, kind)       # pairs / ranked lists / scored records
 
 With ``data.path`` the held-out split is ``data.eval_path`` if given, else the prompts that
 :func:`split_by_prompt` holds out (a hash of ``(train.seed, prompt)`` below ``data.eval_fraction``;
 every row of one prompt stays in one split; at most ``data.eval_size`` held-out rows). With
 ``data.task`` the task's own train / eval splits are used (offline rows are then built from them).
+
+Online prompts are checked before training (:func:`check_prompts`), every row of every source, as
+the offline trainer tokenises its rows once: a bad row fails at start with its file (or task), row
+and column named, instead of at the step that first samples it; ``data.too_long: filter`` drops
+over-long prompts here, before batching, so every step's batch is full.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from rljax.data.loading import load_records
 from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
+from rljax.rollout import PromptFormat, render_prompt
 from rljax.run_config import RunConfig
 
 
@@ -60,16 +66,92 @@ def _task_splits(cfg: RunConfig) -> tuple[list, list]:
     return train, evals
 
 
-def online_examples(cfg: RunConfig) -> tuple[list[dict], list[dict], dict[str, int]]:
-    """Train and held-out examples (``prompt``, ``answer`` when known) of an online run."""
+def _prompt_problem(prompt: Any, *, chat: bool) -> str | None:
+    """What is wrong with a prompt cell before it is rendered, or None."""
+    if prompt is None:
+        return "the prompt is null (an empty cell)"
+    if isinstance(prompt, str):
+        return None if prompt.strip() else f"the prompt is empty ({prompt!r})"
+    if isinstance(prompt, (list, tuple)):
+        if not chat:
+            return "the prompt is a list of chat messages, which needs data.chat: true"
+        if not prompt:
+            return "the prompt is an empty list of chat messages"
+        for j, m in enumerate(prompt):
+            if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                return f"chat message {j} is not a {{role: <str>, content: <str>}} mapping: {m!r:.80}"
+        return None
+    return f"the prompt must be a string or a list of chat messages, got {type(prompt).__name__} {prompt!r:.40}"
+
+
+def check_prompts(rows: list[dict], tokenizer, fmt: PromptFormat, *, source: str,
+                  column: str = "prompt") -> tuple[list[dict], int]:
+    """The rows of ``source`` whose ``"prompt"`` the sampler can take, and how many were dropped.
+
+    Each prompt is rendered and tokenised as ``rljax.rollout.encode_prompts`` does (``fmt``). A prompt
+    that is null, neither a string nor a list of chat messages, empty, fails to render or renders to
+    zero tokens raises ``ValueError``; one over ``fmt.max_prompt_length`` tokens raises with
+    ``fmt.too_long == "error"`` and is dropped (counted) with ``"filter"``. Errors read
+    ``"<source> row <n>, column '<column>': <problem>"``, ``n`` counting the source's rows from 1.
+    """
+    def where(i: int) -> str:
+        return f"{source} row {i + 1}, column {column!r}"
+
+    texts = []
+    for i, row in enumerate(rows):
+        problem = _prompt_problem(row.get("prompt"), chat=fmt.chat)
+        if problem is not None:
+            raise ValueError(f"{where(i)}: {problem}")
+        try:
+            texts.append(render_prompt(tokenizer, row["prompt"], fmt))
+        except Exception as exc:  # a template error, a bad message: the row names the place
+            raise ValueError(f"{where(i)}: the prompt cannot be rendered: {exc}") from exc
+    token_lists = tokenizer(texts, add_special_tokens=fmt.add_special_tokens)["input_ids"] if texts else []
+    kept = []
+    for i, (row, ids) in enumerate(zip(rows, token_lists)):
+        if not ids:
+            raise ValueError(f"{where(i)}: the prompt renders to zero tokens; the sampler needs at least one")
+        if len(ids) > fmt.max_prompt_length:
+            if fmt.too_long == "error":
+                raise ValueError(f"{where(i)}: the prompt is {len(ids)} tokens once formatted, over "
+                                 f"data.max_prompt_length={fmt.max_prompt_length} (raise it, or set "
+                                 "data.too_long=filter to drop such prompts)")
+            continue
+        kept.append(row)
+    return kept, len(rows) - len(kept)
+
+
+def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[dict], dict[str, int]]:
+    """Train and held-out examples (``prompt``, ``answer`` when known) of an online run, and counts.
+
+    With ``tokenizer`` every source's prompts are checked (:func:`check_prompts`) before the split and
+    ``data.train_size`` cut; rows dropped by ``data.too_long: filter`` are counted as
+    ``dropped/too_long`` (``eval_dropped/too_long`` for ``data.eval_path`` or a task's eval split).
+    """
     d = cfg.data
+    fmt = PromptFormat.from_data(d)
+
+    def checked(rows: list[dict], source: str, column: str, counts: dict, prefix: str = "") -> list[dict]:
+        if tokenizer is None:
+            return rows
+        rows, dropped = check_prompts(rows, tokenizer, fmt, source=source, column=column)
+        if dropped:
+            counts[f"{prefix}dropped/too_long"] = dropped
+        return rows
+
     if not d.path:
         train, evals = _task_splits(cfg)
-        return train, evals, {}
+        counts: dict[str, int] = {}
+        train = checked(train, f"task {d.task!r} (train split)", "prompt", counts)
+        evals = checked(evals, f"task {d.task!r} (eval split)", "prompt", counts, "eval_")
+        return train, evals, counts
 
     def read(source):
         rows = load_records(source, prompt_column=d.prompt_column, answer_column=d.answer_column or None)
-        return [dict(r, key=prompt_key(r["prompt"])) for r in rows], {"rows": len(rows)}
+        counts = {"rows": len(rows)}
+        key = "data.path" if source == d.path else "data.eval_path"
+        rows = checked(rows, f"{source} ({key})", d.prompt_column, counts)
+        return [dict(r, key=prompt_key(r["prompt"])) for r in rows], counts
 
     return _split_path(cfg, read)
 
@@ -101,4 +183,4 @@ def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dic
     return _split_path(cfg, read)
 
 
-__all__ = ["offline_rows", "online_examples", "split_by_prompt"]
+__all__ = ["check_prompts", "offline_rows", "online_examples", "split_by_prompt"]

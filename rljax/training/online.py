@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import time
 
 import jax
@@ -29,6 +30,7 @@ from rljax import rng
 from rljax.algorithms import get as get_algorithm
 from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.batches import RolloutBatch
+from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.rewards.base import build_rewards
@@ -148,11 +150,13 @@ class OnlineTrainer:
             cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
             total_updates=cfg.train.steps * a.num_iterations * a.mini_batches,
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
-            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config)
+            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=False)
         self.cfg, self.total_steps = cfg, cfg.train.steps
         tokenizer = self.run.tokenizer
-        self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg)
-        self.rewards = build_rewards(cfg.rewards)
+        # every prompt checked (and, with too_long: filter, dropped) before step 0 and before config.yaml
+        self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg, tokenizer)
+        _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
+        self.rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share it
         self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
         if resume:
             self.iterator.load_state_dict(self.run.restored_metadata["data"])
@@ -162,6 +166,8 @@ class OnlineTrainer:
         self.sample_stream = rng.stream(cfg.train.seed, "sample")
         self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
         self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
+        if write_config:
+            self.run.save_config()
 
     @property
     def step(self) -> int:
@@ -292,6 +298,23 @@ class OnlineTrainer:
 
     def on_end(self, summary: dict) -> None:
         pass
+
+
+def _check_enough_prompts(n: int, counts: dict, cfg: RunConfig) -> None:
+    """One step needs ``prompts_per_step`` distinct training prompts; say what was dropped."""
+    dropped, need = counts.get("dropped/too_long", 0), cfg.algorithm.prompts_per_step
+    limit = f"over data.max_prompt_length={cfg.data.max_prompt_length} tokens"
+    if dropped or counts.get("eval_dropped/too_long"):
+        held_out = counts.get("eval_dropped/too_long", 0)
+        print(f"data.too_long=filter dropped {dropped} prompts{f' (and {held_out} held-out ones)' if held_out else ''} "
+              f"{limit}", file=sys.stderr, flush=True)
+    if n == 0 and dropped:
+        raise ValueError(f"no training prompt is left: data.too_long=filter dropped {dropped} prompts {limit} "
+                         "once formatted; raise data.max_prompt_length")
+    if n < need:
+        after = f" (after data.too_long=filter dropped {dropped} {limit})" if dropped else ""
+        raise ConfigError("algorithm.prompts_per_step", f"{need} prompts per step, but the training data has only "
+                                                        f"{n} prompts{after}")
 
 
 def _all_equal(scores: np.ndarray) -> bool:

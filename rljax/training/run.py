@@ -136,7 +136,9 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
     ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
     critic_state = None
     if critic is not None:
-        critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers)
+        # a critic directory without tokenizer files reads the policy's tokens with the policy's tokenizer
+        critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers,
+                                              tokenizer=tokenizer)
         if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ValueError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
                              "the critic reads the policy's tokens, so they must match")
