@@ -120,8 +120,9 @@ def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequenc
       path: a YAML file whose top level is a mapping, or ``None`` for the defaults only.
       overrides: ``"dotted.key=value"`` strings, applied in order; values are parsed as YAML
         (``train.steps=10``, ``model.name=qwen3-0.6b``, ``train.betas=[0.9,0.95]``,
-        ``model.lora=null``). A whole list is replaced at once (``a.items=[1,2]``); single list
-        elements cannot be overridden.
+        ``model.lora=null``; an empty value, ``data.task=``, is the empty string, so the
+        shell's reading of ``data.task=""`` works). A whole list is replaced at once
+        (``a.items=[1,2]``); single list elements cannot be overridden.
 
     Raises:
       ConfigError: unknown key, bad value, missing mandatory value or failed ``validate()``.
