@@ -3,8 +3,54 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
+
+from rljax.errors import MissingFileError, UserError
+
+
+# argparse `type=` checks for `rljax generate`: a bad value is a usage error naming the flag.
+def _number(kind: type, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _number(float, text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {text}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _number(float, text)
+    if not 0 < value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def _add_generate(sub) -> None:
@@ -15,17 +61,17 @@ def _add_generate(sub) -> None:
     )
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="registered model name, .gguf file or Hugging Face directory (default: %(default)s)")
-    p.add_argument("--prompt", action="append", required=True,
+    p.add_argument("--prompt", action="append", required=True, type=_prompt,
                    help="prompt text; repeat the flag for a batch of prompts")
     p.add_argument("--chat", action="store_true",
                    help="wrap each prompt as a user message with the tokenizer's chat template")
     p.add_argument("--system", default=None, help="system message used with --chat")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", type=_temperature, default=0.0,
                    help="sampling temperature; 0 is greedy decoding (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
-    p.add_argument("--num-samples", type=int, default=1, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample from the k most likely tokens; 0 = off")
+    p.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus sampling mass; 1 = off")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--num-samples", type=_positive_int, default=1, help="completions per prompt (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -161,6 +207,7 @@ def _eval(args) -> int:
 
     overrides = list(args.overrides)
     if args.checkpoint:
+        _check_checkpoint(args.checkpoint)
         overrides.append(f"train.run_dir={args.checkpoint}")
     cfg = load_config(RunConfig, args.config, overrides)
     extra = {} if cfg.is_online else {"evaluate_only": True}
@@ -176,11 +223,27 @@ def _eval(args) -> int:
     return 0
 
 
+def _check_checkpoint(run_dir: str) -> None:
+    """``eval --checkpoint RUN_DIR`` reads a run: the directory must exist and hold a checkpoint
+    (checked read-only, so a typo creates nothing)."""
+    from rljax.checkpoint import Checkpointer
+
+    if not os.path.isdir(run_dir):
+        raise MissingFileError(f"--checkpoint {run_dir}: no such run directory")
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    latest = None
+    if os.path.isdir(checkpoints):
+        with Checkpointer(checkpoints, save_every=0, read_only=True) as ckpt:
+            latest = ckpt.latest_step()
+    if latest is None:
+        raise MissingFileError(f"--checkpoint {run_dir}: no checkpoint in {checkpoints}")
+
+
 def _add_pairs(sub) -> None:
     from rljax.pairs import DESCRIPTION, add_arguments
 
     p = sub.add_parser("pairs", help="build preference pairs: best vs worst of N samples under the config's rewards",
-                       description=DESCRIPTION + " Train on them with algorithm.name=dpo data.task=\"\" "
+                       description=DESCRIPTION + " Train on them with algorithm.name=dpo 'data.task=\"\"' "
                        "data.path=OUT.jsonl.")
     add_arguments(p)
     p.set_defaults(func=_pairs)
@@ -202,7 +265,10 @@ def _print_eval(summary: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX."
+        prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX.",
+        epilog="A mistake in the input (a config key or value, a data file or row, a missing file) ends with one "
+        "line, 'rljax COMMAND: error: MESSAGE', and exit status 2; set RLJAX_TRACEBACK=1 to see its traceback "
+        "too. Other failures print their traceback.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
@@ -218,7 +284,14 @@ _KEEP_HOST_MEMORY = ("train", "eval", "generate", "pairs")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the command; returns its exit status."""
+    """Parse ``argv`` and run the command; returns its exit status.
+
+    A :class:`rljax.errors.UserError` (bad config, data or flag) is printed as the last line,
+    ``rljax COMMAND: error: MESSAGE``, and gives status 2, like argparse's usage errors; with
+    ``RLJAX_TRACEBACK=1`` it propagates with its traceback. Other exceptions propagate.
+    """
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": rljax needs none
+    _quiet_teardown()
     parser = build_parser()
     # KEY=VALUE overrides may also follow the options (`rljax pairs CFG OUT --num-samples 4 train.seed=3`):
     # argparse fills `overrides` at the first positionals and leaves later ones over
@@ -232,7 +305,29 @@ def main(argv: list[str] | None = None) -> int:
         from rljax.host_memory import keep_host_memory
 
         keep_host_memory()  # process-wide, so here at the entry point and before any JAX work
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as err:
+        if os.environ.get("RLJAX_TRACEBACK", "") not in ("", "0"):
+            raise
+        sys.stdout.flush()
+        print(f"rljax {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _quiet_teardown() -> None:
+    """Drop exceptions reported while the interpreter shuts down, so the error that ended a command
+    stays the last line printed. After a failed checkpoint write (a full disk) orbax leaves writer
+    coroutines behind; Python finalises them at exit, when imports no longer work, and prints
+    "Exception ignored in ... sys.meta_path is None" once per coroutine. Reports made while the
+    process still runs are kept."""
+
+    def hook(unraisable, _finalizing=sys.is_finalizing, _report=sys.unraisablehook):
+        if not _finalizing():
+            _report(unraisable)
+
+    if getattr(sys.unraisablehook, "__qualname__", "") != hook.__qualname__:  # once per process
+        sys.unraisablehook = hook
 
 
 if __name__ == "__main__":

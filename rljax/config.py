@@ -78,6 +78,8 @@ from typing import Any, Literal, TypeVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rljax.errors import MissingFileError, UserError
+
 T = TypeVar("T")
 
 __all__ = [
@@ -94,7 +96,7 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration value or key is invalid.
 
     Attributes:
@@ -162,16 +164,19 @@ def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequenc
       path: a YAML file whose top level is a mapping, or ``None`` for the defaults only.
       overrides: ``"dotted.key=value"`` strings, applied in order; values are parsed as YAML
         (``train.steps=10``, ``model.name=qwen3-0.6b``, ``train.betas=[0.9,0.95]``,
-        ``model.lora=null``). A whole list is replaced at once (``a.items=[1,2]``); single list
-        elements cannot be overridden.
+        ``model.lora=null``; an empty value, ``data.task=``, is the empty string, so the
+        shell's reading of ``data.task=""`` works). A whole list is replaced at once
+        (``a.items=[1,2]``); single list elements cannot be overridden.
 
     Raises:
       ConfigError: unknown key, bad value, missing mandatory value or failed ``validate()``.
-      FileNotFoundError: ``path`` does not exist.
+      FileNotFoundError: ``path`` does not exist (a ``rljax.errors.MissingFileError``).
     """
     if path is None:
         return _build(cls, None, None, None, overrides)
     path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"no such config file: {path}")
     return _build(cls, None, path.read_text(), str(path), overrides)
 
 
@@ -294,7 +299,7 @@ def _parse_layers(
         yield layer, yaml_source, None
     for override in overrides:
         source = f"override {override!r}"
-        key, sep, _ = override.partition("=")
+        key, sep, value = override.partition("=")
         if not sep or not key.strip():
             raise ConfigError(None, "an override must look like 'dotted.key=value'", source)
         if any(part.isdigit() or "[" in part for part in key.split(".")):
@@ -303,10 +308,15 @@ def _parse_layers(
                 "single list elements cannot be overridden; set the whole list, e.g. key=[a,b]",
                 source,
             )
+        # `key=` is the empty string, as in Hydra, not YAML's null: a shell turns `key=""` into
+        # `key=`. `key=null` is null.
+        dotlist = f"{key}=''" if not value.strip() else override
         try:
-            layer = OmegaConf.from_dotlist([override])
+            layer = OmegaConf.from_dotlist([dotlist])
         except OmegaConfBaseException as e:
             raise ConfigError(key, _first_line(e), source) from None
+        except Exception as e:  # yaml.YAMLError: the value is not valid YAML
+            raise ConfigError(key, f"the value {value!r} is not valid YAML ({_yaml_problem(e)})", source) from None
         yield layer, source, key
 
 
@@ -332,6 +342,12 @@ def _merge_layer(
 def _wrap(e: OmegaConfBaseException, source: str | None, fallback_key: str | None) -> ConfigError:
     key = getattr(e, "full_key", None) or fallback_key
     return ConfigError(key, _first_line(e), source)
+
+
+def _yaml_problem(e: BaseException) -> str:
+    # PyYAML's message spans lines and points into "<unicode string>"; keep the what, not the where.
+    parts = [getattr(e, "context", None), getattr(e, "problem", None)]
+    return ": ".join(p for p in parts if p) or _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:

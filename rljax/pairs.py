@@ -9,7 +9,7 @@ Sample N completions per prompt of the config's data with its model and sampling
 ``reward_model``), keep the best and the worst of each prompt
 (``rljax.data.preferences.best_vs_worst_pairs``) and write them as JSONL (``prompt``, ``chosen``,
 ``rejected``, ``chosen_score``, ``rejected_score``), ready for ``algorithm.name=dpo`` with
-``data.task="" data.path=OUT.jsonl``. The pure pair logic lives in the data layer; this module
+``'data.task=""' data.path=OUT.jsonl``. The pure pair logic lives in the data layer; this module
 runs the sampler, so it sits above it.
 """
 

@@ -17,13 +17,15 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from rljax.errors import UserError
+
 _FILE_BUILDERS = {  # suffix -> datasets builder, for files read through `datasets`
     ".csv": "csv",
     ".tsv": "csv",
 }
 
 
-class MissingColumnError(KeyError):
+class MissingColumnError(UserError, KeyError):
     """A configured column is not in the data. Its message names the column and the ones available."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
@@ -39,9 +41,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
+                raise UserError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+                raise UserError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)
     return rows
 
@@ -61,10 +63,10 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         elif data and all(isinstance(v, list) for v in data.values()):
             n = {len(v) for v in data.values()}
             if len(n) != 1:
-                raise ValueError(f"{path}: column lists have different lengths {sorted(n)}")
+                raise UserError(f"{path}: column lists have different lengths {sorted(n)}")
             data = [dict(zip(data, values)) for values in zip(*data.values())]
     if not isinstance(data, list) or not all(isinstance(r, Mapping) for r in data):
-        raise ValueError(f"{path}: expected a list of JSON objects")
+        raise UserError(f"{path}: expected a list of JSON objects")
     return [dict(r) for r in data]
 
 

@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rljax.data.loading import MissingColumnError, read_rows
+from rljax.errors import UserError
 
 __all__ = [
     "InvalidRowError", "load_preference_pairs", "load_ranked_lists", "prompt_key", "pairs_from_task",
@@ -51,7 +52,7 @@ __all__ = [
 INVALID_POLICIES = ("error", "drop")
 
 
-class InvalidRowError(ValueError):
+class InvalidRowError(UserError):
     """A data row is unusable (missing value, empty response, identical pair, ...)."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rljax.errors import UserError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -18,7 +20,7 @@ _ARCHITECTURES = {
 }
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(UserError):
     """A Hugging Face config asks for a feature rljax does not implement."""
 
 

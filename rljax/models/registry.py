@@ -17,6 +17,8 @@ import importlib.util
 import os
 from typing import Literal
 
+from rljax.errors import UserError
+
 __all__ = ["DEFAULT_MODEL", "MODELS", "PackagedGGUF", "ResolvedModel", "registered_names", "resolve"]
 
 
@@ -80,15 +82,15 @@ def resolve(name_or_path: str | os.PathLike) -> ResolvedModel:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
             return ResolvedModel(text, "hf_dir", path)
-        raise ValueError(
+        raise UserError(
             f"{text!r} is a directory without a config.json, so not a Hugging Face model directory. "
             f"{_expected()}"
         )
     if os.path.isfile(path) and path.lower().endswith(".gguf"):
         return ResolvedModel(text, "gguf", path)
     if os.path.exists(path):
-        raise ValueError(f"{text!r} is neither a .gguf file nor a model directory. {_expected()}")
-    raise ValueError(f"{text!r} is not a registered model name or an existing path. {_expected()}")
+        raise UserError(f"{text!r} is neither a .gguf file nor a model directory. {_expected()}")
+    raise UserError(f"{text!r} is not a registered model name or an existing path. {_expected()}")
 
 
 def _packaged_file(name: str, entry: PackagedGGUF) -> str:

@@ -16,12 +16,14 @@ over-long prompts here, before batching, so every step's batch is full.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from rljax.data.loading import load_records
 from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
+from rljax.errors import MissingFileError, UserError
 from rljax.rollout import PromptFormat, render_prompt
 from rljax.run_config import RunConfig
 
@@ -45,11 +47,35 @@ def split_by_prompt(rows: list[dict], *, eval_fraction: float, eval_size: int, s
     return [r for r in rows if r["key"] not in eval_keys], [r for r in rows if r["key"] in eval_keys]
 
 
+# A source with one of these suffixes, or a path that a Hub name ("owner/name") cannot be, is a file.
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
+
+
+def _looks_like_file(source: str) -> bool:
+    return (os.path.splitext(source)[1].lower() in _FILE_SUFFIXES or source.startswith(("/", ".", "~"))
+            or source.count("/") > 1 or os.sep != "/" and os.sep in source)
+
+
+def _read_source(key: str, source: str, read):
+    """``read(source)``; a missing file, or a data set name ``datasets`` cannot find, is reported
+    under the config key (``datasets`` itself says "Couldn't reach 'data/trian.jsonl' on the Hub")."""
+    if os.path.exists(source):
+        return read(source)
+    if _looks_like_file(source):
+        raise MissingFileError(f"{key}: no such file: {source}")
+    try:
+        return read(source)
+    except ConnectionError as err:  # not in the local cache, and the Hub cannot be reached
+        raise UserError(f"{key} {source!r} is neither a file nor a data set available offline ({err})") from err
+    except FileNotFoundError as err:  # datasets.exceptions.DatasetNotFoundError and friends
+        raise UserError(f"{key} {source!r} is neither a file nor a data set: {err}") from err
+
+
 def _split_path(cfg: RunConfig, read) -> tuple[list, list, dict[str, int]]:
     d = cfg.data
-    rows, counts = read(d.path)
+    rows, counts = _read_source("data.path", d.path, read)
     if d.eval_path:
-        evals, eval_counts = read(d.eval_path)
+        evals, eval_counts = _read_source("data.eval_path", d.eval_path, read)
         counts = {**counts, **{f"eval_{k}": v for k, v in eval_counts.items()}}
         evals = evals[: d.eval_size] if d.eval_size else evals
         train = rows

@@ -76,7 +76,7 @@ def fit(trainer) -> dict[str, Any]:
         summary["steps"] = run.step
         trainer.on_end(summary)
     finally:
-        run.checkpointer.wait()
+        run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
         logger.close()
     with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

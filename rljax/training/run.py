@@ -26,6 +26,7 @@ from flax import nnx
 
 from rljax.checkpoint import Checkpointer
 from rljax.config import save_config
+from rljax.errors import MissingFileError
 from rljax.models import dtype_from_name, load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.run_config import RunConfig
@@ -90,7 +91,7 @@ class Run:
         """Load the latest checkpoint's state and step; returns its metadata (the data position is
         ``metadata["data"]``). ``FileNotFoundError`` when there is none (``--resume`` on a fresh run)."""
         if self.checkpointer.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpointer.directory}")
+            raise MissingFileError(f"--resume: no checkpoint in {self.checkpointer.directory}")
         state, self.restored_metadata = self.checkpointer.restore(abstract_state=self.state())
         self.load_state(state)
         self.step = int(self.restored_metadata["step"])
