@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from rljax.errors import UserError
 from rljax.models.config import ModelConfig, UnsupportedConfigError
 from rljax.models.dtypes import DTYPE_NAMES, dtype_from_name
 from rljax.models.transformer import KVCache, Transformer, init_model
@@ -49,7 +50,7 @@ def read_checkpoint(name_or_path: str, *, value_head: bool = False, tokenizer=No
 def _check_vocab(tokenizer, config: ModelConfig, name: str) -> None:
     # len() counts added tokens too (vocab_size does not): those are the ids a prompt or the sampler can hold
     if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+        raise UserError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}: ids from {config.vocab_size} on have no embedding row; use the "
                          "model's own tokenizer")
 

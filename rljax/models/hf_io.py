@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.errors import MissingFileError
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import Transformer, abstract_model
 
@@ -142,7 +143,7 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
     elif os.path.exists(os.path.join(directory, "model.safetensors")):
         files = ["model.safetensors"]
     else:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{directory} has neither model.safetensors nor model.safetensors.index.json "
             "(PyTorch .bin checkpoints are not read: convert them to safetensors)"
         )
@@ -169,7 +170,7 @@ def load_hf_tokenizer(directory: str):
     """``AutoTokenizer.from_pretrained(directory)``, or ``FileNotFoundError`` naming the directory and
     the files it lacks (transformers would say "Couldn't instantiate the backend tokenizer")."""
     if not has_tokenizer(directory):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{directory} has model weights but no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there. "
             "Copy in the tokenizer files of the model it was trained from "
             f"(tokenizer.save_pretrained({directory!r}))")

@@ -127,19 +127,19 @@ def check_prompts(rows: list[dict], tokenizer, fmt: PromptFormat, *, source: str
     for i, row in enumerate(rows):
         problem = _prompt_problem(row.get("prompt"), chat=fmt.chat)
         if problem is not None:
-            raise ValueError(f"{where(i)}: {problem}")
+            raise UserError(f"{where(i)}: {problem}")
         try:
             texts.append(render_prompt(tokenizer, row["prompt"], fmt))
         except Exception as exc:  # a template error, a bad message: the row names the place
-            raise ValueError(f"{where(i)}: the prompt cannot be rendered: {exc}") from exc
+            raise UserError(f"{where(i)}: the prompt cannot be rendered: {exc}") from exc
     token_lists = tokenizer(texts, add_special_tokens=fmt.add_special_tokens)["input_ids"] if texts else []
     kept = []
     for i, (row, ids) in enumerate(zip(rows, token_lists)):
         if not ids:
-            raise ValueError(f"{where(i)}: the prompt renders to zero tokens; the sampler needs at least one")
+            raise UserError(f"{where(i)}: the prompt renders to zero tokens; the sampler needs at least one")
         if len(ids) > fmt.max_prompt_length:
             if fmt.too_long == "error":
-                raise ValueError(f"{where(i)}: the prompt is {len(ids)} tokens once formatted, over "
+                raise UserError(f"{where(i)}: the prompt is {len(ids)} tokens once formatted, over "
                                  f"data.max_prompt_length={fmt.max_prompt_length} (raise it, or set "
                                  "data.too_long=filter to drop such prompts)")
             continue

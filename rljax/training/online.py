@@ -32,6 +32,7 @@ from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
+from rljax.errors import UserError
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
@@ -309,7 +310,7 @@ def _check_enough_prompts(n: int, counts: dict, cfg: RunConfig) -> None:
         print(f"data.too_long=filter dropped {dropped} prompts{f' (and {held_out} held-out ones)' if held_out else ''} "
               f"{limit}", file=sys.stderr, flush=True)
     if n == 0 and dropped:
-        raise ValueError(f"no training prompt is left: data.too_long=filter dropped {dropped} prompts {limit} "
+        raise UserError(f"no training prompt is left: data.too_long=filter dropped {dropped} prompts {limit} "
                          "once formatted; raise data.max_prompt_length")
     if n < need:
         after = f" (after data.too_long=filter dropped {dropped} {limit})" if dropped else ""

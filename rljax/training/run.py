@@ -26,7 +26,7 @@ from flax import nnx
 
 from rljax.checkpoint import Checkpointer
 from rljax.config import save_config
-from rljax.errors import MissingFileError
+from rljax.errors import MissingFileError, UserError
 from rljax.models import dtype_from_name, load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.run_config import RunConfig
@@ -141,7 +141,7 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
         critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers,
                                               tokenizer=tokenizer)
         if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
+            raise UserError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
                              "the critic reads the policy's tokens, so they must match")
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
