@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import signal
 import sys
 import time
 
@@ -169,12 +171,19 @@ def _add_train(sub) -> None:
 def _train(args) -> int:
     from rljax.config import load_config
     from rljax.run_config import RunConfig
-    from rljax.training import trainer_for
+    from rljax.training import Preempted, trainer_for
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     start = time.perf_counter()
     trainer = trainer_for(cfg, resume=args.resume)  # online or offline, as the algorithm declares
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except Preempted as stop:
+        # 128 + signal, as if the signal had ended the process: a scheduler sees a terminated job to requeue
+        again = shlex.join(["rljax", "train", args.config, *args.overrides, "--resume"])
+        print(f"# stopped by {signal.Signals(stop.signum).name} at step {stop.step} of {trainer.total_steps}, "
+              f"checkpoint saved; continue with: {again}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
     _print_eval(summary)
     steps = trainer.total_steps
     print(f"# {cfg.algorithm.name}: trained {steps} steps in {time.perf_counter() - start:.0f} s; "

@@ -115,6 +115,11 @@ class TrainSection:
     run_dir: str = "runs/default"
     eval_every: Optional[int] = None  # evaluate every this many steps; null = only before and after training
     save_every: Optional[int] = None  # checkpoint every this many steps; null = only at the end
+    # and checkpoint at the first step boundary this many minutes after the last save (null = off).
+    # On by default, so a preempted or crashed run loses at most about this much work whatever a
+    # step costs; a step count has no default because a good one depends on the step's cost (a tiny
+    # CPU model's step takes 0.1 s, a large one's minutes). SIGTERM / SIGINT save at the next step anyway.
+    save_every_minutes: Optional[float] = 30.0
     samples_every: Optional[int] = 5  # write training samples every this many steps; null = never
     tensorboard: bool = False
     progress: bool = True
@@ -123,6 +128,8 @@ class TrainSection:
         check_range(self, "steps", low=1)
         check_range(self, "eval_every", low=0, note="(null or 0 = only before and after training)")
         check_range(self, "samples_every", low=0, note="(null or 0 = never)")
+        check_range(self, "save_every", low=0, note="(null or 0 = only at the end and on a stop)")
+        check_range(self, "save_every_minutes", low=0, low_open=True, note="(null = off)")
 
 
 @dataclasses.dataclass(frozen=True)

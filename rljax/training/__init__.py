@@ -6,7 +6,8 @@
 =============  ============================================================================
 ``run``        ``build_run``: model, LoRA, trainable/frozen split, reference, optimizer,
                checkpointer, restore, config save
-``loop``       ``fit``: evaluation, steps, logging, checkpoints, the non-finite stop
+``loop``       ``fit``: evaluation, steps, logging, checkpoints, the non-finite stop, the
+               stop on SIGTERM / SIGINT (``Preempted``)
 ``data``       train / held-out rows by one rule (``split_by_prompt``) for every run
 ``online``     ``OnlineTrainer``: rollouts -> advantages -> updates, any online algorithm
 ``offline``    ``OfflineTrainer``: batches -> updates, any offline algorithm
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from rljax.algorithms import get as get_algorithm
 from rljax.run_config import RunConfig
-from rljax.training.loop import fit
+from rljax.training.loop import Preempted, fit
 from rljax.training.offline import OfflineTrainer
 from rljax.training.online import OnlineTrainer
 from rljax.training.run import Run, TrainState, build_run
@@ -28,4 +29,4 @@ def trainer_for(cfg: RunConfig, **kwargs) -> OnlineTrainer | OfflineTrainer:
     return (OnlineTrainer if get_algorithm(cfg.algorithm.name).online else OfflineTrainer)(cfg, **kwargs)
 
 
-__all__ = ["OfflineTrainer", "OnlineTrainer", "Run", "TrainState", "build_run", "fit", "trainer_for"]
+__all__ = ["OfflineTrainer", "OnlineTrainer", "Preempted", "Run", "TrainState", "build_run", "fit", "trainer_for"]

@@ -11,16 +11,24 @@ progress bar), ``start_metrics()`` (logged with the first evaluation) and three 
 ``on_evaluate(step)`` after each evaluation and ``on_end(summary)`` after the final checkpoint.
 
 Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps (evaluation every
-``train.eval_every`` steps, checkpoints on ``train.save_every``) -> final evaluation -> final
-checkpoint -> ``summary.json``. A non-finite loss stops the run: the state before the refused update
-is saved (``--resume`` continues from it), a line is logged, and ``NonFiniteLossError`` propagates.
-The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never on import.
+``train.eval_every`` steps, checkpoints every ``train.save_every`` steps and every
+``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json``.
+A non-finite loss stops the run: the state before the refused update is saved with the data
+position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
+logged, and ``NonFiniteLossError`` propagates. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the
+run at the next step boundary: the state is checkpointed (and committed), a line is logged and
+``Preempted`` is raised (``rljax train`` exits with ``128 + signal``); a second SIGINT raises
+``KeyboardInterrupt`` at once. Saving never changes the state, so where saves happen does not
+change the run. The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never
+on import.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -29,11 +37,75 @@ from rljax.metrics_log import MetricsLogger
 from rljax.update import NonFiniteLossError
 
 
-def save(trainer, *, force: bool = False) -> None:
-    """Checkpoint the trainer's state with its step and data position as metadata."""
+class Preempted(Exception):
+    """``fit`` stopped on a signal (SIGTERM, SIGINT) at a step boundary; the state at ``step`` is saved.
+
+    ``signum`` is the signal's number (``rljax train`` exits with ``128 + signum``: 143, 130).
+    """
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        super().__init__(f"received {signal.Signals(signum).name} at step {step}: checkpoint saved; "
+                         "continue with rljax train CONFIG --resume")
+
+
+def save(trainer, *, force: bool = False, data: dict | None = None) -> bool:
+    """Checkpoint the trainer's state with its step and data position (``data``, default the
+    iterator's current one) as metadata; returns whether a checkpoint was started."""
     run = trainer.run
-    run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": trainer.iterator.state_dict()},
-                          force=force)
+    data = trainer.iterator.state_dict() if data is None else data
+    return run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": data}, force=force)
+
+
+class _StopSignals:
+    """While installed, SIGTERM and SIGINT only append their number to ``received``; a second SIGINT
+    raises ``KeyboardInterrupt`` (the user insists). ``restore`` puts the previous handlers back.
+
+    Only the main thread may set handlers, so elsewhere nothing is installed. A signal the process
+    ignores (SIGINT of a shell script's background job) stays ignored.
+    """
+
+    def __init__(self):
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(s)
+            if handler is not signal.SIG_IGN:
+                self._previous[s] = handler
+                signal.signal(s, self._on_signal)
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        again = ""
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            again = " (Ctrl-C again: stop now, without saving)"
+        try:  # os.write, not print: the signal may have interrupted a print to the same stream
+            os.write(2, f"\nreceived {signal.Signals(signum).name}: stopping after this step with a "
+                        f"checkpoint{again}\n".encode())
+        except OSError:
+            pass
+
+
+def _stop_if_signalled(trainer, logger, received: list[int]) -> None:
+    """At a step boundary after a stop signal: save (committed on return), log, raise ``Preempted``."""
+    if not received:
+        return
+    run = trainer.run
+    save(trainer, force=True)
+    run.checkpointer.wait()
+    err = Preempted(received[0], run.step)
+    logger.write(str(err))
+    raise err
 
 
 def fit(trainer) -> dict[str, Any]:
@@ -42,21 +114,29 @@ def fit(trainer) -> dict[str, Any]:
     run, train = trainer.run, trainer.run.cfg.train
     logger = MetricsLogger(train.run_dir, tensorboard=train.tensorboard, total_steps=trainer.total_steps,
                            progress=train.progress, keys_in_bar=trainer.log_keys)
-    resumed = run.step > 0
+    # a restored run (even at step 0, after a stop during the first evaluation) has logged that evaluation
+    resumed = run.step > 0 or run.restored_metadata is not None
     if resumed:
         logger.truncate_after(run.step)
     summary: dict[str, Any] = {}
     start = time.perf_counter()
+    save_seconds = None if train.save_every_minutes is None else 60.0 * train.save_every_minutes
+    last_save = time.monotonic()
+    signals = _StopSignals()
+    signals.install()
     try:
         if not resumed:
             summary["before"] = trainer.evaluate()
             logger.log(0, {**summary["before"], **trainer.start_metrics()})
             trainer.on_evaluate(0)
         while run.step < trainer.total_steps:
+            _stop_if_signalled(trainer, logger, signals.received)
+            # step_once advances the data iterator before it can fail: a stop saves the position before it
+            position = trainer.iterator.state_dict()
             try:
                 metrics = trainer.step_once()
             except NonFiniteLossError as err:
-                save(trainer, force=True)
+                save(trainer, force=True, data=position)
                 logger.write(f"stopping: {err}; last good state saved at step {run.step}")
                 raise
             evaluated = bool(train.eval_every and run.step % train.eval_every == 0 and run.step < trainer.total_steps)
@@ -66,8 +146,11 @@ def fit(trainer) -> dict[str, Any]:
             trainer.on_step(logger)
             if evaluated:
                 trainer.on_evaluate(run.step)
-            if run.checkpointer.should_save(run.step):
-                save(trainer)
+            # saves copy the state; they never change it, so where they happen does not change the run
+            due = save_seconds is not None and time.monotonic() - last_save >= save_seconds
+            if (run.checkpointer.should_save(run.step) or due) and save(trainer, force=True):
+                last_save = time.monotonic()
+        _stop_if_signalled(trainer, logger, signals.received)
         summary["train_seconds"] = round(time.perf_counter() - start, 2)
         summary["after"] = trainer.evaluate()
         logger.log(run.step, summary["after"])
@@ -78,9 +161,10 @@ def fit(trainer) -> dict[str, Any]:
     finally:
         run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
         logger.close()
+        signals.restore()  # last: a signal during the final commit is only noted
     with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
 
-__all__ = ["fit", "save"]
+__all__ = ["Preempted", "fit", "save"]
