@@ -154,7 +154,7 @@ def test_save_every_minutes_saves_at_step_boundaries_by_time(tiny_dir, tmp_path)
         saved[minutes] = steps
     assert saved == {1e-9: [1, 2, 3], None: [3]}  # the final save: step 3 was already written (1e-9)
     assert RunConfig().train.save_every_minutes == 30.0  # on by default
-    with pytest.raises(ConfigError, match="save_every_minutes must be > 0"):
+    with pytest.raises(ConfigError, match=r"train.save_every_minutes: must be > 0"):
         from_yaml(RunConfig, "train: {save_every_minutes: 0}\nrewards: {answer: 1.0}")
 
 
