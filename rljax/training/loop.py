@@ -12,7 +12,8 @@ progress bar), ``start_metrics()`` (logged with the first evaluation) and three 
 
 Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps (evaluation every
 ``train.eval_every`` steps, checkpoints on ``train.save_every``) -> final evaluation -> final
-checkpoint -> ``summary.json``. A non-finite loss stops the run: the state before the refused update
+checkpoint -> ``summary.json`` -> the run directory's lock is released (``Run.close``, also when
+the run fails). A non-finite loss stops the run: the state before the refused update
 is saved (``--resume`` continues from it), a line is logged, and ``NonFiniteLossError`` propagates.
 The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never on import.
 """
@@ -26,14 +27,16 @@ from typing import Any
 
 from rljax.host_memory import keep_host_memory
 from rljax.metrics_log import MetricsLogger
+from rljax.training.run_dir import config_dict
 from rljax.update import NonFiniteLossError
 
 
 def save(trainer, *, force: bool = False) -> None:
-    """Checkpoint the trainer's state with its step and data position as metadata."""
+    """Checkpoint the trainer's state with its step, data position and resolved config as metadata
+    (the config lets a resume refuse one that changes the run: ``rljax.training.run.Run.restore``)."""
     run = trainer.run
-    run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": trainer.iterator.state_dict()},
-                          force=force)
+    run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": trainer.iterator.state_dict(),
+                                                  "config": config_dict(run.cfg)}, force=force)
 
 
 def fit(trainer) -> dict[str, Any]:
@@ -75,11 +78,13 @@ def fit(trainer) -> dict[str, Any]:
         save(trainer, force=True)
         summary["steps"] = run.step
         trainer.on_end(summary)
+        run.checkpointer.wait()  # summary.json is written once the final checkpoint is on disk
+        with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     finally:
         run.checkpointer.wait()
         logger.close()
-    with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+        run.close()  # the run directory's lock: another run may use the directory now
     return summary
 
 

@@ -137,7 +137,9 @@ class OnlineTrainer:
 
     log_keys = ("reward/total/mean", "loss")
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True, overwrite: bool = False,
+                 resume_step: int | None = None):
+        """``resume``, ``resume_step``, ``write_config`` and ``overwrite``: as ``rljax.training.run.build_run``."""
         self.algorithm = get_algorithm(cfg.algorithm.name)
         if not self.algorithm.online:
             raise ValueError(f"{cfg.algorithm.name} is an offline algorithm (rljax.training.offline.OfflineTrainer)")
@@ -147,7 +149,8 @@ class OnlineTrainer:
             cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
             total_updates=cfg.train.steps * a.num_iterations * a.mini_batches,
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
-            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config)
+            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config,
+            overwrite=overwrite, resume_step=resume_step)
         self.cfg, self.total_steps = cfg, cfg.train.steps
         tokenizer = self.run.tokenizer
         self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg)
