@@ -399,7 +399,10 @@ class _StructureError(ValueError):
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception as one short line: its type and the first line of its message."""
+    """An exception as one short line: the type and first message line of its root cause (orbax
+    wraps tensorstore's specific error in a generic one)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
     lines = str(e).strip().splitlines()
     first = lines[0] if lines else ""
     return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__

@@ -17,7 +17,7 @@ import pytest
 
 from rljax import cli
 from rljax.checkpoint import Checkpointer, CheckpointReadError
-from rljax.config import from_yaml
+from rljax.config import from_yaml, save_config
 from rljax.run_config import RunConfig
 from rljax.training import trainer_for
 from rljax.training.run_dir import (LOCK_FILE, RunDirError, RunDirLock, check_fresh, clear_run, config_dict,
@@ -86,23 +86,26 @@ def test_what_counts_as_a_run_and_what_overwrite_deletes(tmp_path):
 
 
 def test_a_fresh_run_into_a_used_directory_is_refused_and_overwrite_starts_over(tiny_dir, tmp_path):
-    first = trainer_for(_cfg(tiny_dir, tmp_path))
-    first.fit()
-    (tmp_path / "notes.txt").write_text("mine")
-    again = _with_train(_cfg(tiny_dir, tmp_path), seed=1)
-    with pytest.raises(RunDirError, match=rf"run_dir {tmp_path} already holds a run \(checkpoints at steps \[1\]"):
-        trainer_for(again)
-    assert "seed: 0" in (tmp_path / "config.yaml").read_text()  # the refused run wrote nothing
+    run_dir = tmp_path / "run"
+    trainer_for(_cfg(tiny_dir, run_dir)).fit()
+    (run_dir / "notes.txt").write_text("mine")
+    config = tmp_path / "again.yaml"  # the same command from the shell history, another seed
+    save_config(_with_train(_cfg(tiny_dir, run_dir), seed=1), config)
+    with pytest.raises(RunDirError, match=rf"run_dir {run_dir} already holds a run \(checkpoints at steps \[1\]"):
+        cli.main(["train", str(config)])
+    assert "seed: 0" in (run_dir / "config.yaml").read_text()  # the refused run wrote nothing
 
-    second = trainer_for(again, overwrite=True)  # fit released the first run's lock
-    assert os.listdir(tmp_path / "checkpoints") == [] and not (tmp_path / "metrics.jsonl").exists()
-    second.fit()
-    assert _metric_steps(tmp_path) == [0, 1, 1]  # one run's lines: before, step 1, after
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
-    assert "seed: 1" in (tmp_path / "config.yaml").read_text()
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert cli.main(["train", str(config), "--overwrite"]) == 0  # fit released the first run's lock
+    assert _metric_steps(run_dir) == [0, 1, 1]  # one run's lines: before, step 1, after
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["1"]
+    assert "seed: 1" in (run_dir / "config.yaml").read_text()
+    assert (run_dir / "notes.txt").read_text() == "mine"
+    with pytest.raises(SystemExit, match="--resume and --overwrite exclude each other"):
+        cli.main(["train", str(config), "--resume", "--overwrite"])
+    with pytest.raises(SystemExit, match="--resume-step needs --resume"):
+        cli.main(["train", str(config), "--resume-step", "1"])
     with pytest.raises(RunDirError, match="exclude each other"):
-        trainer_for(again, resume=True, overwrite=True)
+        trainer_for(_cfg(tiny_dir, run_dir), resume=True, overwrite=True)
 
 
 # ---------------------------------------------------------------- 2. the lock
@@ -137,6 +140,8 @@ def test_a_locked_run_dir_is_refused_with_the_holder_named_and_a_dead_holders_lo
         RunDirLock(tmp_path)
     lock.release()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # a clean release leaves nothing to take over
+    RunDirLock(tmp_path)  # never released, but collected at once: released cleanly too
+    assert (tmp_path / LOCK_FILE).read_text() == ""
     caplog.clear()
     with caplog.at_level(logging.WARNING), RunDirLock(tmp_path):
         pass

@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import socket
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,9 @@ def clear_run(run_dir: str | os.PathLike) -> list[str]:
 
 
 class RunDirLock:
-    """An exclusive, non-blocking ``flock`` on ``RUN_DIR/.rljax.lock``, held until :meth:`release`
-    (or the process ends: the kernel releases it then, even on SIGKILL).
+    """An exclusive, non-blocking ``flock`` on ``RUN_DIR/.rljax.lock``, held until :meth:`release`,
+    until the object is collected, or until the process ends (the kernel releases it then, even on
+    SIGKILL, but leaves the details in the file: the next holder reports the take-over).
 
     Raises ``RunDirError`` ("run_dir X is in use by pid N on host H since T") when another process
     (or another ``RunDirLock`` in this one) holds it. A lock file left non-empty by a holder that
@@ -160,31 +162,34 @@ class RunDirLock:
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": started}) + "\n")
         file.flush()
-        self._file = file
+        # released cleanly also when this object is collected or the interpreter exits without
+        # release() (a trainer driven by step_once, never fit): only a killed process leaves details
+        self._release = weakref.finalize(self, _release_file, file)
 
     @property
     def held(self) -> bool:
         """Whether this object still holds the lock."""
-        return self._file is not None
+        return self._release.alive
 
     def release(self) -> None:
         """Empty the lock file (a clean end) and unlock it; idempotent."""
-        file, self._file = self._file, None
-        if file is None:
-            return
-        try:
-            file.seek(0)
-            file.truncate()
-            file.flush()
-        finally:
-            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
-            file.close()
+        self._release()
 
     def __enter__(self) -> RunDirLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _release_file(file) -> None:
+    try:
+        file.seek(0)
+        file.truncate()
+        file.flush()
+    finally:
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+        file.close()
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:
