@@ -336,7 +336,7 @@ def run_rl(cfg: RunConfig, *, log: Callable[[str], None] = print, label: str = "
     """``cfg.train.steps`` online steps; returns one row per step (see ``step_row``)."""
     from rljax.training import OnlineTrainer
 
-    trainer = OnlineTrainer(cfg)
+    trainer = OnlineTrainer(cfg, overwrite=True)  # a rerun of the script replaces its run
     rows = []
     t0 = time.perf_counter()
     for step in range(cfg.train.steps):

@@ -121,6 +121,7 @@ def _add_convert(sub) -> None:
     p.add_argument("output", help="directory to write (created if missing)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="dtype of the written weights (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="write into OUTPUT even if it is not empty")
     p.set_defaults(func=_convert)
 
 
@@ -135,6 +136,13 @@ def _convert(args) -> int:
     from rljax.models.gguf_io import read_gguf
     from rljax.models.registry import resolve
 
+    present = sorted(os.listdir(args.output)) if os.path.isdir(args.output) else []
+    if present and not args.overwrite:
+        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        raise SystemExit(f"rljax convert: {args.output} is not empty ({shown}); pass --overwrite to replace the "
+                         "model in it, or name a new directory")
+    if present:
+        _clear_model_dir(args.output)
     resolved = resolve(args.source)
     if resolved.kind != "gguf":
         raise SystemExit(f"convert reads GGUF files; {args.source!r} is a {resolved.kind}")
@@ -151,6 +159,29 @@ def _convert(args) -> int:
     return 0
 
 
+# What transformers and rljax read from a model directory: all of it goes before --overwrite writes a
+# new model there, so no file of the old one (a shard index, a slow tokenizer's vocabulary) is read with it.
+_MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "*.bin",
+                "*.bin.index.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
+                "merges.txt", "chat_template.*", "*.model")
+
+
+def _clear_model_dir(directory: str) -> None:
+    """Delete the model files (``_MODEL_FILES``) in ``directory``; say which other files are left."""
+    import fnmatch
+    import os
+
+    left = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) and any(fnmatch.fnmatchcase(name, p) for p in _MODEL_FILES):
+            os.remove(path)
+        else:
+            left.append(name)
+    if left:
+        print(f"# --overwrite: left in {directory} what is not a model file: {', '.join(left)}", file=sys.stderr)
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -164,7 +195,12 @@ def _add_train(sub) -> None:
     p.add_argument("config", help="YAML file, e.g. configs/grpo_smollm2_arith.yaml")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in train.run_dir (parameters, optimizer, step, data)")
+                   help="continue from the latest readable checkpoint in train.run_dir (parameters, optimizer, "
+                   "step, data); the config may differ only in train.steps and how often to evaluate, save and log")
+    p.add_argument("--resume-step", type=int, default=None, metavar="N",
+                   help="with --resume: continue from exactly checkpoint step N (later steps are set aside)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train.run_dir holds a previous run: delete its checkpoints, logs and config and start over")
     p.set_defaults(func=_train)
 
 
@@ -173,9 +209,15 @@ def _train(args) -> int:
     from rljax.run_config import RunConfig
     from rljax.training import Preempted, trainer_for
 
+    if args.resume and args.overwrite:
+        raise SystemExit("rljax train: --resume and --overwrite exclude each other (continue the run in "
+                         "train.run_dir, or delete it and start over)")
+    if args.resume_step is not None and not args.resume:
+        raise SystemExit("rljax train: --resume-step needs --resume")
     cfg = load_config(RunConfig, args.config, args.overrides)
     start = time.perf_counter()
-    trainer = trainer_for(cfg, resume=args.resume)  # online or offline, as the algorithm declares
+    trainer = trainer_for(cfg, resume=args.resume, resume_step=args.resume_step,  # online or offline, as the
+                          overwrite=args.overwrite)                                # algorithm declares
     try:
         summary = trainer.fit()
     except Preempted as stop:

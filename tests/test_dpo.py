@@ -154,8 +154,8 @@ def test_every_preference_loss_is_selectable_by_config(loss_type, extra):
 
 
 def test_reference_free_and_simpo_skip_the_reference_pass(tiny_dir, pairs_path, tmp_path):
-    for offline in (", loss_type: simpo", ", reference_free: true"):
-        trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path, offline=offline))
+    for name, offline in (("simpo", ", loss_type: simpo"), ("reference_free", ", reference_free: true")):
+        trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / name, offline=offline))
         assert trainer.ref_seconds == 0.0 and trainer.run.ref_params is None
         assert "ref_logps" not in trainer.train_set.values and "ref_logps" not in trainer.eval_set.values
 

@@ -6,6 +6,8 @@
 =============  ============================================================================
 ``run``        ``build_run``: model, LoRA, trainable/frozen split, reference, optimizer,
                checkpointer, restore, config save
+``run_dir``    the run directory: one run in it (``--overwrite``), its lock, what a resume
+               may change
 ``loop``       ``fit``: evaluation, steps, logging, checkpoints, the non-finite stop, the
                stop on SIGTERM / SIGINT (``Preempted``)
 ``data``       train / held-out rows by one rule (``split_by_prompt``) for every run
@@ -25,7 +27,8 @@ from rljax.training.run import Run, TrainState, build_run
 
 
 def trainer_for(cfg: RunConfig, **kwargs) -> OnlineTrainer | OfflineTrainer:
-    """The trainer for ``cfg.algorithm``: online or offline, as the algorithm declares."""
+    """The trainer for ``cfg.algorithm``: online or offline, as the algorithm declares. ``kwargs``:
+    the trainer's (``resume``, ``resume_step``, ``overwrite``, ``write_config``; see ``build_run``)."""
     return (OnlineTrainer if get_algorithm(cfg.algorithm.name).online else OfflineTrainer)(cfg, **kwargs)
 
 

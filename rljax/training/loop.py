@@ -12,7 +12,8 @@ progress bar), ``start_metrics()`` (logged with the first evaluation) and three 
 
 Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps (evaluation every
 ``train.eval_every`` steps, checkpoints every ``train.save_every`` steps and every
-``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json``.
+``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json`` -> the run directory's lock is released
+(``Run.close``, also when the run fails).
 A non-finite loss stops the run: the state before the refused update is saved with the data
 position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
 logged, and ``NonFiniteLossError`` propagates. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the
@@ -34,6 +35,7 @@ from typing import Any
 
 from rljax.host_memory import keep_host_memory
 from rljax.metrics_log import MetricsLogger
+from rljax.training.run_dir import config_dict
 from rljax.update import NonFiniteLossError
 
 
@@ -50,11 +52,13 @@ class Preempted(Exception):
 
 
 def save(trainer, *, force: bool = False, data: dict | None = None) -> bool:
-    """Checkpoint the trainer's state with its step and data position (``data``, default the
-    iterator's current one) as metadata; returns whether a checkpoint was started."""
+    """Checkpoint the trainer's state with its step, data position (``data``, default the iterator's
+    current one) and resolved config as metadata (the config lets a resume refuse one that changes
+    the run: ``rljax.training.run.Run.restore``); returns whether a checkpoint was started."""
     run = trainer.run
     data = trainer.iterator.state_dict() if data is None else data
-    return run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": data}, force=force)
+    return run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": data,
+                                                         "config": config_dict(run.cfg)}, force=force)
 
 
 class _StopSignals:
@@ -158,12 +162,14 @@ def fit(trainer) -> dict[str, Any]:
         save(trainer, force=True)
         summary["steps"] = run.step
         trainer.on_end(summary)
+        run.checkpointer.wait()  # summary.json is written once the final checkpoint is on disk
+        with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     finally:
         run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
         logger.close()
+        run.close()  # the run directory's lock: another run may use the directory now
         signals.restore()  # last: a signal during the final commit is only noted
-    with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
     return summary
 
 

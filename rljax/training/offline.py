@@ -63,8 +63,9 @@ class OfflineTrainer:
     log_keys = ("loss", "rewards/accuracy")
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True,
-                 evaluate_only: bool = False):
-        """``evaluate_only`` (``rljax eval``): reference log-probs are cached for the held-out split only."""
+                 evaluate_only: bool = False, overwrite: bool = False, resume_step: int | None = None):
+        """``evaluate_only`` (``rljax eval``): reference log-probs are cached for the held-out split only.
+        ``resume``, ``resume_step``, ``write_config`` and ``overwrite``: as ``rljax.training.run.build_run``."""
         self.algorithm = get_algorithm(cfg.algorithm.name)
         if self.algorithm.online:
             raise ValueError(f"{cfg.algorithm.name} is an online algorithm (rljax.training.online.OnlineTrainer)")
@@ -75,7 +76,9 @@ class OfflineTrainer:
         # rows first: the schedule's length (epochs) depends on the train split's size
         train_rows, eval_rows, self.data_counts = offline_rows(cfg, self.kind)
         self.run = build_run(cfg, value_head=self.algorithm.value_head, keep_reference=live_reference,
-                             total_updates=self._total_steps_for(len(train_rows)), write_config=False)
+                             total_updates=self._total_steps_for(len(train_rows)), resume=resume,
+                             write_config=write_config, overwrite=overwrite, resume_step=resume_step,
+                             defer_restore=True)
         tokenizer = self.run.tokenizer
         self.pad_id = pad_token_id(tokenizer)
         self.prompt_buckets = default_buckets(d.max_prompt_length)
@@ -103,7 +106,7 @@ class OfflineTrainer:
         self.live_reference = live_reference
         self.evaluate_only = evaluate_only
         if resume:  # after the reference cache: the reference is the initial policy
-            self.iterator.load_state_dict(self.run.restore()["data"])
+            self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
         if write_config:
             self.run.save_config()
 

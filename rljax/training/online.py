@@ -141,7 +141,9 @@ class OnlineTrainer:
 
     log_keys = ("reward/total/mean", "loss")
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, write_config: bool = True, overwrite: bool = False,
+                 resume_step: int | None = None):
+        """``resume``, ``resume_step``, ``write_config`` and ``overwrite``: as ``rljax.training.run.build_run``."""
         self.algorithm = get_algorithm(cfg.algorithm.name)
         if not self.algorithm.online:
             raise ValueError(f"{cfg.algorithm.name} is an offline algorithm (rljax.training.offline.OfflineTrainer)")
@@ -151,7 +153,8 @@ class OnlineTrainer:
             cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
             total_updates=cfg.train.steps * a.num_iterations * a.mini_batches,
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
-            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=False)
+            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config,
+            overwrite=overwrite, resume_step=resume_step, defer_restore=True)  # restored once the data passed
         self.cfg, self.total_steps = cfg, cfg.train.steps
         tokenizer = self.run.tokenizer
         # every prompt checked (and, with too_long: filter, dropped) before step 0 and before config.yaml
@@ -160,7 +163,7 @@ class OnlineTrainer:
         self.rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share it
         self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
         if resume:
-            self.iterator.load_state_dict(self.run.restored_metadata["data"])
+            self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
         self.prompt_format = PromptFormat.from_data(cfg.data)
         self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
         self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)

@@ -11,11 +11,18 @@ builds the optimizer (its schedule counts optimizer updates), opens the checkpoi
 latest checkpoint on ``resume`` and writes the resolved ``config.yaml``. The online and offline
 trainers (``rljax.training.online`` / ``.offline``) differ only in what they do with it. (The mesh
 joins here: issue "scale".)
+
+A run that writes its directory (``write_config=True``) owns it (``rljax.training.run_dir``): first
+it takes the directory's lock (held until :meth:`Run.close`, which ``fit`` calls at the end), then a
+fresh run is refused where a run already is (``overwrite`` deletes that run's files instead), and a
+resume refuses a config that changes the run's meaning. ``write_config=False`` (``rljax eval``) only
+reads: no lock, no check.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -30,7 +37,10 @@ from rljax.errors import MissingFileError, UserError
 from rljax.models import dtype_from_name, load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.run_config import RunConfig
+from rljax.training.run_dir import RunDirError, RunDirLock, check_fresh, clear_run, config_dict, config_differences
 from rljax.update import optimizer_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -66,6 +76,7 @@ class Run:
     critic: TrainState | None = None  # PPO's separate critic
     step: int = 0
     restored_metadata: dict | None = None
+    lock: RunDirLock | None = None  # the run directory's lock; None for a read-only run (eval)
 
     def reference(self):
         """The reference policy's parameters, shaped like ``policy.params``: the kept copy, or for
@@ -87,15 +98,50 @@ class Run:
         if self.critic is not None:
             self.critic.params, self.critic.opt_state = state["critic_params"], state["critic_opt_state"]
 
-    def restore(self) -> dict:
-        """Load the latest checkpoint's state and step; returns its metadata (the data position is
-        ``metadata["data"]``). ``FileNotFoundError`` when there is none (``--resume`` on a fresh run)."""
+    def restore(self, step: int | None = None) -> dict:
+        """Load a checkpoint's state and step; returns its metadata (the data position is
+        ``metadata["data"]``). ``FileNotFoundError`` when there is none (``--resume`` on a fresh run).
+
+        ``step=None``: the latest readable step (an unreadable one is skipped, with a log line);
+        ``step``: exactly that one (``--resume-step``). A run that owns its directory then checks that
+        the config differs from the checkpoint's only in ``run_dir.RESUMABLE_KEYS`` (``RunDirError``
+        listing every other difference; a checkpoint from before configs were stored resumes with a
+        warning), and sets aside the steps after the restored one (unreadable, or past
+        ``--resume-step``) so the steps this run saves are not skipped as already on disk.
+        """
         if self.checkpointer.latest_step() is None:
             raise MissingFileError(f"--resume: no checkpoint in {self.checkpointer.directory}")
-        state, self.restored_metadata = self.checkpointer.restore(abstract_state=self.state())
+        state, metadata = self.checkpointer.restore(step, abstract_state=self.state())
+        restored_step = int(metadata["step"])
+        if self.lock is not None:
+            saved = metadata.get("config")
+            if saved is None:
+                logger.warning("checkpoint step %d in %s stores no config (written by an older rljax): the resumed "
+                               "config is not checked against it", restored_step, self.checkpointer.directory)
+            else:
+                changed = config_differences(saved, config_dict(self.cfg))
+                if changed:
+                    raise RunDirError(
+                        f"--resume: the config differs from the one checkpoint step {restored_step} in "
+                        f"{self.checkpointer.directory} was trained with, in keys a resume may not change:\n  "
+                        + "\n  ".join(changed)
+                        + "\nresume with the run's config (RUN_DIR/config.yaml), or start a new run "
+                          "(another train.run_dir, or --overwrite)")
+            unreadable = dict(self.checkpointer.unreadable_steps)
+            for later in [s for s in self.checkpointer.all_steps() if s > restored_step]:
+                reason = "unreadable" if later in unreadable else f"after-resume-step-{restored_step}"
+                moved = self.checkpointer.set_aside(later, reason)
+                logger.warning("checkpoint step %d set aside as %s", later, moved)
         self.load_state(state)
-        self.step = int(self.restored_metadata["step"])
-        return self.restored_metadata
+        self.restored_metadata = metadata
+        self.step = restored_step
+        return metadata
+
+    def close(self) -> None:
+        """Release the run directory's lock (another process may then use it); the state in memory
+        stays usable. Idempotent; ``fit`` calls it when the run ends."""
+        if self.lock is not None:
+            self.lock.release()
 
     def save_config(self) -> None:
         """Write the resolved config to ``RUN_DIR/config.yaml``."""
@@ -109,7 +155,8 @@ def _train_state(model, optimizer, *, trainable) -> TrainState:
 
 def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_reference: bool = False,
               critic: str | None = None, critic_learning_rate: float | None = None, resume: bool = False,
-              write_config: bool = True) -> Run:
+              write_config: bool = True, overwrite: bool = False, resume_step: int | None = None,
+              defer_restore: bool = False) -> Run:
     """Load, adapt and split the model, build optimizer(s) and checkpointer, restore, save the config.
 
     Args:
@@ -122,9 +169,39 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
         fine-tuned, own AdamW state), or None.
       critic_learning_rate: the critic's learning rate (None: ``optim.learning_rate``).
       resume: continue from the latest checkpoint in ``train.run_dir`` (``FileNotFoundError`` if none).
-      write_config: write ``RUN_DIR/config.yaml``.
+      write_config: write ``RUN_DIR/config.yaml``, owning the directory (lock, no other run in it);
+        False: a read-only use (evaluation), nothing checked or locked.
+      overwrite: delete the previous run's files in ``train.run_dir`` first (not with ``resume``).
+      resume_step: with ``resume``, restore exactly this step (no fall-back to an earlier one).
+      defer_restore: leave the restore and ``config.yaml`` to the caller (``run.restore(resume_step)``,
+        ``run.save_config()``): the offline trainer caches the reference's log-probs first.
     """
+    if resume_step is not None and not resume:
+        raise ValueError("resume_step (--resume-step) needs resume (--resume)")
     os.makedirs(cfg.train.run_dir, exist_ok=True)
+    lock = None
+    if write_config:
+        lock = RunDirLock(cfg.train.run_dir)  # first: nothing is checked or deleted while another run writes
+        try:
+            check_fresh(cfg.train.run_dir, resume=resume, overwrite=overwrite)
+            if overwrite:
+                clear_run(cfg.train.run_dir)
+        except BaseException:
+            lock.release()
+            raise
+    try:
+        return _build(cfg, lock, value_head=value_head, total_updates=total_updates, keep_reference=keep_reference,
+                      critic=critic, critic_learning_rate=critic_learning_rate, resume=resume and not defer_restore,
+                      resume_step=resume_step, write_config=write_config and not defer_restore)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_updates: int, keep_reference: bool,
+           critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
+           write_config: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
     model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers)
     optimizer = optimizer_for(cfg.optim, total_updates)
@@ -148,9 +225,10 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
         critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param)
     checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
                                 max_to_keep=2)
-    run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state)
+    run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state,
+              lock=lock)
     if resume:
-        run.restore()
+        run.restore(resume_step)
     if write_config:
         run.save_config()
     return run
