@@ -6,6 +6,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,14 +86,15 @@ def test_what_counts_as_a_run_and_what_overwrite_deletes(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [LOCK_FILE, "my_plots", "notes.txt"]
 
 
-def test_a_fresh_run_into_a_used_directory_is_refused_and_overwrite_starts_over(tiny_dir, tmp_path):
+def test_a_fresh_run_into_a_used_directory_is_refused_and_overwrite_starts_over(tiny_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     trainer_for(_cfg(tiny_dir, run_dir)).fit()
     (run_dir / "notes.txt").write_text("mine")
     config = tmp_path / "again.yaml"  # the same command from the shell history, another seed
     save_config(_with_train(_cfg(tiny_dir, run_dir), seed=1), config)
-    with pytest.raises(RunDirError, match=rf"run_dir {run_dir} already holds a run \(checkpoints at steps \[1\]"):
-        cli.main(["train", str(config)])
+    assert cli.main(["train", str(config)]) == 2  # a user error: one last line naming the cause
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.match(rf"rljax train: error: run_dir {run_dir} already holds a run \(checkpoints at steps \[1\]", last)
     assert "seed: 0" in (run_dir / "config.yaml").read_text()  # the refused run wrote nothing
 
     assert cli.main(["train", str(config), "--overwrite"]) == 0  # fit released the first run's lock

@@ -12,8 +12,8 @@ progress bar), ``start_metrics()`` (logged with the first evaluation) and three 
 
 Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps (evaluation every
 ``train.eval_every`` steps, checkpoints every ``train.save_every`` steps and every
-``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json`` -> the run directory's lock is released
-(``Run.close``, also when the run fails).
+``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json``
+-> the run directory's lock is released (``Run.close``, also when the run fails).
 A non-finite loss stops the run: the state before the refused update is saved with the data
 position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
 logged, and ``NonFiniteLossError`` propagates. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the

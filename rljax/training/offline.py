@@ -79,36 +79,37 @@ class OfflineTrainer:
                              total_updates=self._total_steps_for(len(train_rows)), resume=resume,
                              write_config=write_config, overwrite=overwrite, resume_step=resume_step,
                              defer_restore=True)
-        tokenizer = self.run.tokenizer
-        self.pad_id = pad_token_id(tokenizer)
-        self.prompt_buckets = default_buckets(d.max_prompt_length)
-        self.completion_buckets = default_buckets(a.max_completion_length)
-        self.train_set = self._encode(train_rows, "train")
-        self.eval_set = self._encode(eval_rows, "eval")
-        if len(self.train_set) < a.batch_size:
-            raise ValueError(f"the train split has {len(self.train_set)} usable rows, fewer than "
-                             f"algorithm.batch_size={a.batch_size}")
-        self.num_completions = max([len(c) for s in (self.train_set, self.eval_set) for c in s.completions] or [1])
-        self.iterator = PromptIterator(self.train_set.rows, a.batch_size, seed=cfg.train.seed)
-        self.total_steps = self._total_steps_for(len(self.train_set))
-        if self.total_steps != self._total_steps_for(len(train_rows)):
-            # rows were dropped or filtered: the schedule's length changes (the AdamW state does not)
-            self.run.policy.optimizer = optimizer_for(cfg.optim, self.total_steps)
-        # the reference's log-probs: cached once (before any update, so no reference copy is kept)
-        self.ref_seconds = 0.0
-        self.initial_policy_is_reference = needs_ref
-        if needs_ref:
-            t0 = time.perf_counter()
-            sets = (self.eval_set,) if (evaluate_only or live_reference) else (self.train_set, self.eval_set)
-            for s in sets:
-                s.values["ref_logps"] = self._score_set(s, self.run.reference())[0]
-            self.ref_seconds = time.perf_counter() - t0
-        self.live_reference = live_reference
-        self.evaluate_only = evaluate_only
-        if resume:  # after the reference cache: the reference is the initial policy
-            self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
-        if write_config:
-            self.run.save_config()
+        with self.run.released_on_error():  # a failed set-up frees the run directory
+            tokenizer = self.run.tokenizer
+            self.pad_id = pad_token_id(tokenizer)
+            self.prompt_buckets = default_buckets(d.max_prompt_length)
+            self.completion_buckets = default_buckets(a.max_completion_length)
+            self.train_set = self._encode(train_rows, "train")
+            self.eval_set = self._encode(eval_rows, "eval")
+            if len(self.train_set) < a.batch_size:
+                raise ValueError(f"the train split has {len(self.train_set)} usable rows, fewer than "
+                                 f"algorithm.batch_size={a.batch_size}")
+            self.num_completions = max([len(c) for s in (self.train_set, self.eval_set) for c in s.completions] or [1])
+            self.iterator = PromptIterator(self.train_set.rows, a.batch_size, seed=cfg.train.seed)
+            self.total_steps = self._total_steps_for(len(self.train_set))
+            if self.total_steps != self._total_steps_for(len(train_rows)):
+                # rows were dropped or filtered: the schedule's length changes (the AdamW state does not)
+                self.run.policy.optimizer = optimizer_for(cfg.optim, self.total_steps)
+            # the reference's log-probs: cached once (before any update, so no reference copy is kept)
+            self.ref_seconds = 0.0
+            self.initial_policy_is_reference = needs_ref
+            if needs_ref:
+                t0 = time.perf_counter()
+                sets = (self.eval_set,) if (evaluate_only or live_reference) else (self.train_set, self.eval_set)
+                for s in sets:
+                    s.values["ref_logps"] = self._score_set(s, self.run.reference())[0]
+                self.ref_seconds = time.perf_counter() - t0
+            self.live_reference = live_reference
+            self.evaluate_only = evaluate_only
+            if resume:  # after the reference cache: the reference is the initial policy
+                self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
+            if write_config:
+                self.run.save_config()
 
     def _total_steps_for(self, rows: int) -> int:
         a = self.cfg.algorithm

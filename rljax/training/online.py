@@ -155,23 +155,24 @@ class OnlineTrainer:
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
             critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config,
             overwrite=overwrite, resume_step=resume_step, defer_restore=True)  # restored once the data passed
-        self.cfg, self.total_steps = cfg, cfg.train.steps
-        tokenizer = self.run.tokenizer
-        # every prompt checked (and, with too_long: filter, dropped) before step 0 and before config.yaml
-        self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg, tokenizer)
-        _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
-        self.rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share it
-        self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
-        if resume:
-            self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
-        self.prompt_format = PromptFormat.from_data(cfg.data)
-        self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
-        self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
-        self.sample_stream = rng.stream(cfg.train.seed, "sample")
-        self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
-        self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
-        if write_config:
-            self.run.save_config()
+        with self.run.released_on_error():  # a failed set-up frees the run directory
+            self.cfg, self.total_steps = cfg, cfg.train.steps
+            tokenizer = self.run.tokenizer
+            # every prompt checked (and, with too_long: filter, dropped) before step 0 and before config.yaml
+            self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg, tokenizer)
+            _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
+            self.rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share it
+            self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
+            if resume:
+                self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
+            self.prompt_format = PromptFormat.from_data(cfg.data)
+            self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
+            self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
+            self.sample_stream = rng.stream(cfg.train.seed, "sample")
+            self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
+            self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
+            if write_config:
+                self.run.save_config()
 
     @property
     def step(self) -> int:

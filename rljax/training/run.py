@@ -21,6 +21,7 @@ reads: no lock, no check.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -136,6 +137,16 @@ class Run:
         self.restored_metadata = metadata
         self.step = restored_step
         return metadata
+
+    @contextlib.contextmanager
+    def released_on_error(self):
+        """``with run.released_on_error(): ...``: a trainer's set-up after ``build_run`` (data checks,
+        restore); if it raises, the run directory's lock is released before the error propagates."""
+        try:
+            yield self
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Release the run directory's lock (another process may then use it); the state in memory
