@@ -9,6 +9,23 @@ and shaped rewards are constants to the loss.
 Missing rewards (a reward function that raised on one sample) are marked ``valid[i] = False``:
 they are left out of every statistic and get advantage 0, as TRL does with its NaN rewards
 (``GRPOTrainer``/``RLOOTrainer`` "unscorable" completions).
+
+Two numerical guarantees hold for every estimator here (issue 16, items 13 and 14):
+
+* A flat set of values (a group whose valid rewards are all equal; a whitened batch whose valid
+  entries are all equal) gives advantages of exactly 0.0. The float32 mean ``Σ R / n`` of equal
+  non-dyadic rewards is inexact, so ``R − mean`` is ±1 ulp instead of 0, and dividing by
+  ``std + eps`` (std ≈ 1 ulp too) inflates it: eight rewards of 0.1 or 0.3 gave advantages up to
+  7e-5 / 3e-4 with ``eps = 1e-4``, 0.007 / 0.03 with ``1e-6`` and 0.83 / 0.91 with ``1e-9``, and
+  three rewards of 1e6 + 0.1 gave 0.82 with any eps. A group with no learning signal must not push
+  the policy, so flat sets are detected (``max == min`` over the valid entries) and set to 0 with
+  ``jnp.where``. Making ``R − mean`` exact instead is not possible in general (the rounded mean of
+  equal values need not equal them), and a detection is one reduction the size of the rewards.
+* Means and variances are computed on the values divided by a power of two near their largest
+  magnitude (``_pow2_scale``), so squares cannot overflow float32: rewards differing by 1e19 used
+  to overflow the variance (``Σ (R − mean)² ≈ 1e38·G``) and give advantages 0. Dividing by a power
+  of two is exact, so the results are bitwise those of the plain formula whenever it does not
+  overflow (or underflow into subnormals).
 """
 
 from __future__ import annotations
@@ -18,7 +35,6 @@ import jax
 import jax.numpy as jnp
 
 from rljax.losses import kl as kl_lib
-from rljax.losses import reduce as reduce_lib
 
 GROUP_SCALES = ("group", "batch", "none")
 
@@ -35,6 +51,36 @@ def _grouped(rewards, valid, group_size):
     valid = valid.astype(bool)
     r = jnp.where(valid, rewards, jnp.zeros_like(rewards))  # missing rewards may be NaN
     return r.reshape(-1, group_size), valid.reshape(-1, group_size)
+
+
+def _pow2_scale(x, valid, axis=None):
+    """A power of two ``s`` with ``s ≤ max |x| < 2s`` over the valid entries (1 where there are none,
+    or all are 0), reduced over ``axis`` with dims kept: ``x / s`` is exact and lies in (−2, 2)."""
+    biggest = jnp.max(jnp.where(valid, jnp.abs(x), jnp.zeros_like(x)), axis=axis, keepdims=True)
+    _, exponent = jnp.frexp(biggest)  # biggest = f · 2^exponent, f in [0.5, 1)
+    # 2^(exponent − 1), not 2^exponent: the latter overflows to inf for values above 2^127
+    return jnp.where(biggest > 0, jnp.ldexp(jnp.ones_like(biggest), exponent - 1), jnp.ones_like(biggest))
+
+
+def _flat(x, valid, axis=None):
+    """True where the valid entries of ``x`` (over ``axis``, dims kept) are all equal, or absent."""
+    hi = jnp.max(jnp.where(valid, x, -jnp.inf), axis=axis, keepdims=True)
+    lo = jnp.min(jnp.where(valid, x, jnp.inf), axis=axis, keepdims=True)
+    return ~(hi > lo)
+
+
+def _scaled_mean_var(x, valid, *, axis, bessel: bool):
+    """``(mean, var / s², s)`` of the valid entries of ``x`` over ``axis`` (dims kept), ``s`` from
+    ``_pow2_scale``; the variance is returned in units of ``s²`` (``std = s · sqrt(var)``), so it
+    cannot overflow. Bitwise the plain mean and variance whenever those do not overflow."""
+    s = _pow2_scale(x, valid, axis)
+    xs = jnp.where(valid, x / s, jnp.zeros_like(x))
+    n = jnp.sum(valid, axis=axis, keepdims=True, dtype=x.dtype)
+    mean_s = jnp.sum(xs, axis=axis, keepdims=True) / jnp.maximum(n, 1.0)
+    sq = jnp.sum(jnp.square(jnp.where(valid, xs - mean_s, jnp.zeros_like(xs))), axis=axis, keepdims=True)
+    dof = n - 1.0 if bessel else n
+    var_s = jnp.where(dof > 0, sq / jnp.maximum(dof, 1.0), jnp.zeros_like(sq))
+    return mean_s * s, var_s, s
 
 
 def broadcast_to_tokens(sequence_values: chex.Array, mask: chex.Array) -> chex.Array:
@@ -64,7 +110,9 @@ def group_advantages(
     ``eps = 1e-4``); verl ``compute_grpo_outcome_advantage`` uses ``torch.std`` (also Bessel) and
     ``eps = 1e-6``. ``bessel=False`` uses the population std. Means and stds are over the valid
     members only; a group with one valid member has ``R − mean = 0`` so advantage 0 (TRL; verl
-    instead uses mean 0, std 1 for a singleton group). Missing rewards get 0.
+    instead uses mean 0, std 1 for a singleton group). Missing rewards get 0. A group whose valid
+    rewards are all equal gets exactly 0 for every ``scale`` (see the module docstring), and the
+    statistics do not overflow for large rewards.
 
     Args:
       rewards: ``[B]`` scalar rewards, group-contiguous, ``B = num_prompts · group_size``.
@@ -79,20 +127,18 @@ def group_advantages(
     if scale not in GROUP_SCALES:
         raise ValueError(f"group_advantages: scale must be one of {GROUP_SCALES}, got {scale!r}")
     r, v = _grouped(rewards, valid, group_size)  # [P, G]
-    n = jnp.sum(v, axis=1, keepdims=True, dtype=r.dtype)  # [P, 1]
-    mean = jnp.sum(r, axis=1, keepdims=True) / jnp.maximum(n, 1.0)
+    mean, _, _ = _scaled_mean_var(r, v, axis=1, bessel=bessel)  # [P, 1]
     centred = jnp.where(v, r - mean, jnp.zeros_like(r))
     if scale == "none":
         adv = centred
     else:
-        if scale == "group":  # per-row variance: reduce.masked_var reduces over all axes
-            sq = jnp.sum(jnp.square(centred), axis=1, keepdims=True)
-            dof = n - 1.0 if bessel else n
-            var = jnp.where(dof > 0, sq / jnp.maximum(dof, 1.0), jnp.zeros_like(sq))  # [P, 1]
-        else:  # batch: variance of all valid rewards around the batch mean
-            var = reduce_lib.masked_var(r, v, bessel=bessel)
-        std = jnp.sqrt(var)
-        adv = centred / (std + eps)
+        if scale == "group":
+            _, var_s, s = _scaled_mean_var(r, v, axis=1, bessel=bessel)  # [P, 1]
+        else:  # batch: variance of all valid rewards around the batch mean (TRL scale_rewards="batch")
+            _, var_s, s = _scaled_mean_var(r, v, axis=None, bessel=bessel)
+        adv = centred / (s * jnp.sqrt(var_s) + eps)
+    # flat group -> exactly 0 (module docstring: ±1-ulp centred values divided by a ~1-ulp std)
+    adv = jnp.where(_flat(r, v, axis=1), jnp.zeros_like(adv), adv)
     return jax.lax.stop_gradient(adv.reshape(-1))
 
 
@@ -105,7 +151,8 @@ def rloo_advantages(
 
     over the ``n_g`` valid members of the group (TRL ``RLOOTrainer``: nansum over scorable
     siblings, divisor ``count − 1``); ``A_i = 0`` for missing rewards and for groups with fewer
-    than two valid members. Equivalently ``A_i = n/(n−1) · (R_i − mean_g R)`` (verl
+    than two valid members, and exactly 0 for a group whose valid rewards are all equal.
+    Equivalently ``A_i = n/(n−1) · (R_i − mean_g R)`` (verl
     ``compute_rloo_outcome_advantage``).
 
     Args:
@@ -115,8 +162,11 @@ def rloo_advantages(
     """
     r, v = _grouped(rewards, valid, group_size)
     n = jnp.sum(v, axis=1, keepdims=True, dtype=r.dtype)
-    baseline = (jnp.sum(r, axis=1, keepdims=True) - r) / jnp.maximum(n - 1.0, 1.0)
-    adv = jnp.where(v & (n > 1), r - baseline, jnp.zeros_like(r))
+    s = _pow2_scale(r, v, axis=1)  # the sum in units of s cannot overflow; exact scaling
+    rs = r / s
+    baseline = (jnp.sum(rs, axis=1, keepdims=True) - rs) / jnp.maximum(n - 1.0, 1.0)
+    keep = v & (n > 1) & ~_flat(r, v, axis=1)  # flat group -> exactly 0 (module docstring)
+    adv = jnp.where(keep, (rs - baseline) * s, jnp.zeros_like(r))
     return jax.lax.stop_gradient(adv.reshape(-1))
 
 
@@ -129,7 +179,8 @@ def whiten(
     PPO-RLHF whitens GAE advantages over all valid tokens of the batch (TRL ``masked_whiten``,
     verl ``torch_functional.masked_whiten``, both Bessel-corrected). Those compute
     ``(x − mean) · rsqrt(var + eps)``; we use ``std + eps`` as in ``rl-formulas`` — identical in
-    float32 whenever ``std ≫ 1e-4``, and well-defined (0) for constant input. Masked entries are 0.
+    float32 whenever ``std ≫ 1e-4``, and exactly 0 for constant input (``x`` with
+    ``shift_mean=False``). Masked entries are 0.
 
     Args:
       x: any shape, float; mask: same shape; shift_mean, eps, bessel: see above.
@@ -139,11 +190,12 @@ def whiten(
     chex.assert_equal_shape([x, mask])
     chex.assert_type(x, float)
     valid = mask != 0
-    mean = reduce_lib.masked_mean(x, mask)
-    std = jnp.sqrt(reduce_lib.masked_var(x, mask, bessel=bessel))
-    out = (x - mean) / (std + eps)
+    mean, var_s, s = _scaled_mean_var(x, valid, axis=None, bessel=bessel)  # no overflow for large x
+    out = (x - mean) / (s * jnp.sqrt(var_s) + eps)
+    # all valid entries equal -> exactly 0 (x itself with shift_mean=False); see the module docstring
+    out = jnp.where(_flat(x, valid), jnp.zeros_like(out), out)
     if not shift_mean:
-        out = out + mean
+        out = jnp.where(_flat(x, valid), x, out + mean)
     return jax.lax.stop_gradient(jnp.where(valid, out, jnp.zeros_like(out)))
 
 

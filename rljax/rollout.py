@@ -156,7 +156,7 @@ class Rollout:
     finished: np.ndarray  # [R] bool, emitted a stop token
     texts: list[str]  # assistant_prefix + decoded completion (special tokens skipped)
     examples: list[dict]  # each row's example, plus "completion_length" (its token count)
-    scores: np.ndarray | None  # [R] float32 weighted reward total, NaN replaced by 0 (None without rewards)
+    scores: np.ndarray | None  # [R] float32 weighted reward total, a missing value counting 0 (None without rewards)
     row_mask: np.ndarray | None  # [R] bool, False where a reward function failed (None without rewards)
     per_function: dict[str, np.ndarray]  # reward name -> [R] float64 unweighted values, NaN = failed
     reward_metrics: dict[str, float]  # RewardSet.metrics of the rows ({} without rewards)
@@ -189,8 +189,7 @@ def _recompute_metrics(scores, row_mask, per_function, idx=None) -> dict[str, fl
     if idx is not None:
         scores, row_mask = scores[idx], row_mask[idx]
         per_function = {k: v[idx] for k, v in per_function.items()}
-    total = np.where(row_mask, scores.astype(np.float64), np.nan)
-    return reward_metrics(RewardOutput(total, per_function, ~row_mask))
+    return reward_metrics(RewardOutput(scores.astype(np.float64), per_function, ~row_mask))
 
 
 def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
@@ -289,7 +288,7 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
             reward = rewards(texts, row_examples)
         else:
             reward = RewardOutput(np.zeros(0), {name: np.zeros(0) for name in rewards.names}, np.zeros(0, bool))
-        scores = np.nan_to_num(reward.total).astype(np.float32)
+        scores = reward.total.astype(np.float32)  # finite: RewardSet refuses totals beyond float32
         row_mask = ~reward.missing
         per_function = reward.per_function
         metrics = rewards.metrics(reward)

@@ -27,7 +27,8 @@ from flax import nnx
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or gradient became NaN/inf; the update was not applied."""
+    """The loss or gradient became NaN/inf, or the update would have made a parameter NaN/inf
+    (e.g. ``learning_rate: nan``, a diverging step); the update was not applied."""
 
 
 def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
@@ -77,8 +78,9 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
     forward/backward pass). Metrics whose names end in ``loss`` are normalised by ``totals`` and so
     add up over micro-batches; the others (clip fractions, accuracies, means) are micro-batch
     means, averaged. A non-finite loss or gradient norm leaves ``params`` and ``opt_state``
-    unchanged and sets ``metrics['nonfinite'] = 1`` (the trainer then stops with
-    ``NonFiniteLossError``).
+    unchanged and sets ``metrics['nonfinite'] = 1``; so does an update that would make any
+    parameter non-finite (a NaN/inf learning rate, an overflowing step), with
+    ``metrics['nonfinite'] = 2``. The trainer then stops with ``NonFiniteLossError``.
 
     Returns ``(new_params, new_opt_state, metrics)``; metrics add ``loss``, ``grad_norm`` (before
     clipping) and ``nonfinite``.
@@ -107,22 +109,39 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
         (value, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+    updates, stepped_opt_state = optimizer.update(grads, opt_state, params)
+    # The parameters the step would write, checked before it is applied: one fused all-isfinite
+    # reduction over p + u (as optax.apply_updates computes it, in the parameter dtype), with no new
+    # parameter copy. A finite gradient and a finite AdamW state give a finite new AdamW state, so
+    # the parameters are what a NaN/inf learning rate or an overflowing step first spoils.
+    params_finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite((p + u).astype(p.dtype)))
+                                         for p, u in zip(jax.tree.leaves(params), jax.tree.leaves(updates))]))
 
     def step(state):
-        p, o = state
-        updates, o = optimizer.update(grads, o, p)
-        return optax.apply_updates(p, updates), o
+        p, _, u, o = state
+        return optax.apply_updates(p, u), o
 
     # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and AdamW state
     # (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond, as without a guard).
-    new_params, new_opt_state = jax.lax.cond(finite, step, lambda state: state, (params, opt_state))
-    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
+    new_params, new_opt_state = jax.lax.cond(finite & params_finite, step, lambda state: state[:2],
+                                             (params, opt_state, updates, stepped_opt_state))
+    # 0: applied; 1: the loss or gradient is not finite; 2: the parameters would not be finite
+    nonfinite = jnp.where(finite, jnp.where(params_finite, 0.0, 2.0), 1.0).astype(jnp.float32)
+    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": nonfinite}
     return new_params, new_opt_state, metrics
 
 
 def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:
-    """Pop ``metrics['nonfinite']`` and raise ``NonFiniteLossError`` if an update was refused."""
-    if metrics.pop("nonfinite") > 0:
+    """Pop ``metrics['nonfinite']`` and raise ``NonFiniteLossError`` if an update was refused
+    (1: the loss or gradient is not finite; 2: the parameters would have become non-finite)."""
+    code = metrics.pop("nonfinite")
+    if code >= 2:
+        raise NonFiniteLossError(
+            f"step {step}: the update would make the parameters non-finite (NaN/inf) although the loss and "
+            f"gradient are finite (loss={metrics['loss']}, grad_norm={metrics['grad_norm']}): check "
+            "optim.learning_rate and the schedule, or lower the learning rate / set optim.grad_clip if the "
+            "step diverges; the update was not applied")
+    if code > 0:
         raise NonFiniteLossError(
             f"step {step}: the loss or gradient is not finite (loss={metrics['loss']}, "
             f"grad_norm={metrics['grad_norm']}); the update was not applied")

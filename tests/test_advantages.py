@@ -309,3 +309,91 @@ def test_broadcast_to_tokens_and_stop_gradient(use_jit):
                                   [[1.5, 1.5, 0], [-2.0, 0, 0]])
     g = jax.grad(lambda r: jnp.sum(A.group_advantages(r, group_size=2)))(jnp.array([1.0, 0.0]))
     np.testing.assert_array_equal(g, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flat groups give exactly 0; large rewards do not overflow the statistics
+# ---------------------------------------------------------------------------------------------
+FLAT_VALUES = [0.1, 0.3, 1 / 3, 1e-7, 1e6 + 0.1, 1.0]
+
+
+@JIT
+@pytest.mark.parametrize("value", FLAT_VALUES)
+def test_flat_groups_give_exactly_zero_for_every_estimator(value, use_jit):
+    # Eight equal float32 rewards: before the fix 0.1 gave |A| 7.4e-5 / 7.4e-3 / 0.83 with eps
+    # 1e-4 / 1e-6 / 1e-9 and 1e6 + 0.1 (G = 3) gave 0.82 whatever eps. The third group is flat over
+    # its present samples (two missing). Between them, [1, 0, 0, 1, 1, 0, 0, 1] keeps its hand values:
+    # mean 0.5, Σ dev² = 2, Bessel std sqrt(2/7) = 0.5345225 -> A = ±0.5 / 0.5346225 = ±0.9352394;
+    # scale="none": ±0.5; RLOO: 1 − 3/7 = 4/7 and 0 − 4/7.
+    G = 8
+    live = np.array([1, 0, 0, 1, 1, 0, 0, 1], np.float32)
+    r = jnp.asarray(np.concatenate([np.full(G, value), live, np.full(G, value)]).astype(np.float32))
+    valid = jnp.asarray(np.concatenate([np.ones(2 * G, bool), [1, 0, 1, 1, 1, 1, 0, 1]]))  # 2 missing
+
+    def everything(r, valid):
+        out = {f"{scale}/eps={eps}": A.group_advantages(r, group_size=G, scale=scale, eps=eps, valid=valid)
+               for scale in A.GROUP_SCALES for eps in (1e-4, 1e-6, 1e-9)}
+        out["group/population"] = A.group_advantages(r, group_size=G, bessel=False, valid=valid)
+        out["rloo"] = A.rloo_advantages(r, group_size=G, valid=valid)
+        return out
+
+    for name, adv in _maybe_jit(everything, use_jit)(r, valid).items():
+        adv = np.asarray(adv)
+        assert adv.dtype == np.float32
+        np.testing.assert_array_equal(adv[:G], 0.0, err_msg=name)
+        np.testing.assert_array_equal(adv[2 * G:], 0.0, err_msg=name)  # flat over the present samples
+        assert np.all(adv[G:2 * G] != 0.0), name
+    sign = 2 * live - 1
+    np.testing.assert_allclose(A.group_advantages(r, group_size=G, valid=valid)[G:2 * G], sign * 0.9352394, rtol=1e-6)
+    np.testing.assert_allclose(A.group_advantages(r, group_size=G, scale="none", valid=valid)[G:2 * G], sign * 0.5,
+                               rtol=1e-6)
+    np.testing.assert_allclose(A.rloo_advantages(r, group_size=G, valid=valid)[G:2 * G], sign * 4 / 7, rtol=1e-6)
+
+
+@JIT
+@pytest.mark.parametrize("value", FLAT_VALUES)
+def test_flat_batches_whiten_and_reinforce_pp_to_exactly_zero(value, use_jit):
+    # REINFORCE++ / PPO whiten over the valid tokens of the batch: equal values -> 0 exactly
+    # (shift_mean=False gives the values back); before the fix eps = 1e-8 inflated ±1 ulp to ~±1.
+    x = jnp.full((3, 5), value, jnp.float32)
+    mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    x = jnp.where(mask == 0, 7.0, x)  # padding holds other values: it must not count
+    fn = _maybe_jit(lambda x, m: (A.whiten(x, m), A.whiten(x, m, shift_mean=False)), use_jit)
+    centred, kept = fn(x, mask)
+    np.testing.assert_array_equal(np.asarray(centred), 0.0)
+    np.testing.assert_array_equal(np.asarray(kept), np.where(np.asarray(mask) == 1, np.float32(value), 0.0))
+    # one reward at the last token of rows of equal length, γ = 1: equal returns on every token
+    token_rewards = jnp.zeros((4, 3)).at[:, 2].set(value)
+    adv, _ = _maybe_jit(lambda r: A.reinforce_plus_plus_advantages(r, jnp.ones((4, 3))), use_jit)(token_rewards)
+    np.testing.assert_array_equal(np.asarray(adv), 0.0)
+
+
+def _group_advantages_f64(rewards, group_size, *, scale, eps=1e-4):
+    r = np.asarray(rewards, np.float64).reshape(-1, group_size)
+    centred = r - r.mean(axis=1, keepdims=True)
+    if scale == "none":
+        return centred.reshape(-1)
+    std = r.std(axis=1, ddof=1, keepdims=True) if scale == "group" else r.std(ddof=1)
+    return (centred / (std + eps)).reshape(-1)
+
+
+@JIT
+def test_rewards_of_1e19_do_not_overflow_the_group_statistics(use_jit):
+    # Σ (R − mean)² ≈ 4 · 1e38 > float32 max (3.4e38): the plain formula gave inf variance and
+    # advantages 0. Against a float64 NumPy reference, to float32 precision.
+    r = np.array([0.0, 1e19, 2e19, -1e19, 3e19, -2e19, 5e18, 0.0], np.float32)
+    fn = _maybe_jit(lambda r: ({scale: A.group_advantages(r, group_size=4, scale=scale) for scale in A.GROUP_SCALES},
+                               A.rloo_advantages(r, group_size=4)), use_jit)
+    grouped, rloo = fn(jnp.asarray(r))
+    for scale, got in grouped.items():
+        want = _group_advantages_f64(r, 4, scale=scale)
+        assert np.all(np.isfinite(np.asarray(got))), scale
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max(), err_msg=scale)
+    g = r.astype(np.float64).reshape(-1, 4)
+    want_rloo = (g - (g.sum(1, keepdims=True) - g) / 3).reshape(-1)
+    np.testing.assert_allclose(rloo, want_rloo, rtol=2e-6, atol=1e-6 * np.abs(want_rloo).max())
+    # the same for whitening (PPO, REINFORCE++)
+    x = r.reshape(2, 4)
+    w = np.asarray(A.whiten(jnp.asarray(x), jnp.ones((2, 4))))
+    want_w = (x.astype(np.float64) - x.mean(dtype=np.float64)) / x.astype(np.float64).std(ddof=1)
+    np.testing.assert_allclose(w, want_w, rtol=2e-6, atol=1e-6)

@@ -547,3 +547,15 @@ def test_registry_paths(tmp_path):
         registry.resolve(other)
     with pytest.raises(ValueError, match="smollm2-135m-instruct"):
         registry.resolve(tmp_path / "missing.gguf")
+
+
+def test_a_gguf_with_a_nan_weight_is_refused_naming_the_tensor(tmp_path):
+    path = tmp_path / "nan.gguf"
+    write_tiny_gguf(path)
+    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.1.ffn_norm.weight")  # F32
+    with open(path, "r+b") as f:  # a NaN written into the file, at element 4
+        f.seek(tensor.data_offset + 4 * 4)
+        f.write(np.float32(np.nan).tobytes())
+    with pytest.raises(ValueError,
+                       match=r"tensor 'blk.1.ffn_norm.weight' .* 1 NaN and 0 inf values \(first at index \(4,\)\)"):
+        read_gguf(path)

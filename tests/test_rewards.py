@@ -258,16 +258,76 @@ def test_combine_weighted_sum_missing_and_metrics():
 
     rewards = combine({"answer": (1.0, answer), "format": (0.2, fmt)})
     total, per_function, missing = rewards(["a", "b", "c", "d"], [{}] * 4)
-    np.testing.assert_allclose(total[[0, 1, 3]], [1.2, 0.2, 0.0])
-    assert math.isnan(total[2])
+    # the missing format value counts 0 in the total (TRL nansum); the row is still marked missing
+    np.testing.assert_allclose(total, [1.2, 0.2, 1.0, 0.0])
     np.testing.assert_array_equal(missing, [False, False, True, False])
     np.testing.assert_array_equal(per_function["answer"], [1.0, 0.0, 1.0, 0.0])
     metrics = rewards.metrics(rewards(["a", "b", "c", "d"], [{}] * 4))
     assert metrics["reward/answer/mean"] == pytest.approx(0.5)
-    assert metrics["reward/format/mean"] == pytest.approx(2.0 / 3.0)
-    assert metrics["reward/total/mean"] == pytest.approx((1.2 + 0.2 + 0.0) / 3)
+    assert "reward/answer/missing" not in metrics  # only for a function that missed a sample
+    assert metrics["reward/format/mean"] == pytest.approx(2.0 / 3.0)  # nanmean over the 3 it scored
+    assert metrics["reward/format/missing"] == 0.25
+    assert metrics["reward/total/mean"] == pytest.approx((1.2 + 0.2 + 1.0 + 0.0) / 4)
+    # total/mean = Σ_k w_k (1 − missing_k) mean_k
+    assert metrics["reward/total/mean"] == pytest.approx(1.0 * 0.5 + 0.2 * 0.75 * (2.0 / 3.0))
     assert metrics["reward/missing_count"] == 1.0
     assert reward_metrics(rewards(["a", "b", "c", "d"], [{}] * 4)) == metrics
+
+
+def test_none_marks_a_sample_missing_without_a_warning(caplog):
+    @per_sample
+    def only_even(completion, example):
+        return None if len(completion) % 2 else 1.0
+
+    def batch_none(completions, examples):  # a batch function returning a list with None (TRL style)
+        return [None, 0.5, None, 0.25]
+
+    with caplog.at_level(logging.WARNING, logger="rljax.rewards.base"):
+        out = only_even(["ab", "abc", "abcd", "a"], [{}] * 4)
+        output = combine({"even": (1.0, only_even), "batch": (2.0, batch_none)})(["ab", "abc", "abcd", "a"], [{}] * 4)
+    np.testing.assert_array_equal(np.isnan(out), [False, True, False, True])
+    assert not caplog.records  # None is "cannot score / does not apply", not a failure
+    np.testing.assert_array_equal(output.missing, [True, True, True, True])
+    np.testing.assert_allclose(output.total, [1.0, 1.0, 1.0, 0.5])  # missing values count 0
+    metrics = reward_metrics(output)
+    assert metrics["reward/even/mean"] == 1.0 and metrics["reward/even/missing"] == 0.5
+    assert metrics["reward/batch/mean"] == pytest.approx(0.375) and metrics["reward/batch/missing"] == 0.5
+    assert metrics["reward/total/mean"] == pytest.approx(3.5 / 4)
+
+
+def test_a_function_that_scores_no_sample_is_warned_about_once(caplog):
+    rewards = combine({"ok": (1.0, lambda c, e: np.ones(len(c))), "nothing": (1.0, lambda c, e: [None] * len(c))})
+    with caplog.at_level(logging.WARNING, logger="rljax.rewards.base"):
+        for _ in range(3):
+            output = rewards(["a", "b"], [{}, {}])
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'nothing' scored none of the 2 samples" in warned[0], warned
+    metrics = reward_metrics(output)
+    assert math.isnan(metrics["reward/nothing/mean"]) and metrics["reward/nothing/missing"] == 1.0
+    assert metrics["reward/total/mean"] == 1.0 and metrics["reward/missing_count"] == 2.0
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf])
+def test_an_infinite_reward_names_the_function_and_the_sample(bad):
+    def exploding(completions, examples):
+        return np.where(np.arange(len(completions)) == 1, bad, 0.0)
+
+    long_text = "The answer is " + "9" * 200
+    with pytest.raises(ValueError, match=rf"reward function 'exploding' returned {bad} for sample 1 of 3 "
+                                         r"\(1 infinite in all\), completion 'The answer is 9+'\.\.\.; "
+                                         "rewards must be finite"):
+        combine({"exploding": (1.0, exploding)})(["a", long_text, "c"], [{}] * 3)
+    # a per-sample function returning inf is refused the same way (NaN stays "missing")
+    with pytest.raises(ValueError, match="'inf_at_b' returned inf for sample 1"):
+        combine({"inf_at_b": (1.0, per_sample(lambda c, e: math.inf if c == "b" else 0.0, name="inf_at_b"))})(
+            ["a", "b"], [{}, {}])
+
+
+def test_a_weighted_total_beyond_float32_names_the_sample():
+    big = lambda c, e: np.array([1.0, 3e38])  # noqa: E731 - finite, but 2 · 3e38 is beyond float32
+    with pytest.raises(ValueError, match=r"weighted reward total of sample 1 is 6e\+38, beyond float32 .*"
+                                         r"big=3e\+38 \(weight 2\); completion 'y'"):
+        combine({"big": (2.0, big)})(["x", "y"], [{}, {}])
 
 
 def test_combine_errors_name_the_function():

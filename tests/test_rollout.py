@@ -147,7 +147,7 @@ def _rewards():
     return RewardSet({"chars": (2.0, chars), "picky": (0.5, picky)})
 
 
-def test_rewards_are_wired_and_a_failed_row_is_masked_and_scored_zero(model, tokenizer):
+def test_rewards_are_wired_and_a_failed_row_is_masked_with_its_partial_total(model, tokenizer):
     examples = [{"prompt": "ab", "answer": "ok"}, {"prompt": "cd", "answer": "boom"}, {"prompt": "ef", "answer": "ok"}]
     fmt = dataclasses.replace(RAW, assistant_prefix="P")
     rewards = _rewards()
@@ -157,7 +157,8 @@ def test_rewards_are_wired_and_a_failed_row_is_masked_and_scored_zero(model, tok
     np.testing.assert_array_equal(roll.per_function["chars"], lengths)
     assert roll.per_function["picky"][0] == 1.0 and np.isnan(roll.per_function["picky"][1])
     assert roll.scores.dtype == np.float32
-    np.testing.assert_array_equal(roll.scores, np.float32([2 * lengths[0] + 0.5, 0.0, 2 * lengths[2] + 0.5]))
+    # the failed value counts 0 in the total (TRL nansum); row_mask keeps the row out of the update
+    np.testing.assert_array_equal(roll.scores, np.float32([2 * lengths[0] + 0.5, 2 * lengths[1], 2 * lengths[2] + 0.5]))
     assert roll.reward_metrics == rewards.metrics(rewards(roll.texts, roll.examples))
     assert roll.reward_metrics["reward/missing_count"] == 1.0
 
@@ -190,11 +191,11 @@ def test_take_and_concat_repad_widths_and_keep_values(model, tokenizer):
                                                                                b.per_function[name]]))
     # reward metrics are recomputed for the rows held: by hand from the concatenated values
     chars = both.per_function["chars"]
-    valid = both.scores[both.row_mask].astype(np.float64)
+    total = both.scores.astype(np.float64)  # every row, a missing value counting 0
     assert both.reward_metrics["reward/chars/mean"] == pytest.approx(chars.mean())
-    assert both.reward_metrics["reward/picky/mean"] == 1.0
-    assert both.reward_metrics["reward/total/mean"] == pytest.approx(valid.mean())
-    assert both.reward_metrics["reward/total/std"] == pytest.approx(valid.std())
+    assert both.reward_metrics["reward/picky/mean"] == 1.0 and both.reward_metrics["reward/picky/missing"] == 0.4
+    assert both.reward_metrics["reward/total/mean"] == pytest.approx(total.mean())
+    assert both.reward_metrics["reward/total/std"] == pytest.approx(total.std())
     assert both.reward_metrics["reward/missing_count"] == 2.0
     # a rollout's own metrics (RewardSet.metrics, float64 totals) agree with the recomputation
     for key, value in a.take(slice(None)).reward_metrics.items():

@@ -1,7 +1,8 @@
 """The shared optimizer step (rljax.update.apply_update) and the layer loop it differentiates.
 
 - A finite step equals a hand-written value_and_grad + optax AdamW step.
-- A NaN loss leaves the parameters and the AdamW state exactly as they were and flags it.
+- A NaN loss leaves the parameters and the AdamW state exactly as they were and flags it; so does a
+  finite loss whose step would make a parameter NaN/inf (NaN or inf learning rate).
 - Unrolled layers (the default) and ``scan_layers=True`` give the same logits and gradients,
   and LoRA copies keep the setting.
 """
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from rljax.models import load
@@ -19,7 +21,7 @@ from rljax.models.config import ModelConfig
 from rljax.models.lora import add_lora
 from rljax.models.tiny import make_tiny_model_dir
 from rljax.models.transformer import init_model
-from rljax.update import apply_update
+from rljax.update import NonFiniteLossError, apply_update, raise_if_nonfinite
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=8)
@@ -105,3 +107,45 @@ def test_load_sets_the_layer_loop(tmp_path):
     make_tiny_model_dir(str(tmp_path))
     assert load(str(tmp_path))[0].scan_layers is False
     assert load(str(tmp_path), scan_layers=True)[0].scan_layers is True
+
+
+@functools.lru_cache(maxsize=1)
+def _step_with_learning_rate_in_state():
+    """One compiled update whose AdamW learning rate is optimizer state (optax.inject_hyperparams)."""
+    graphdef, params, frozen = nnx.split(init_model(CFG, seed=0), nnx.Param, ...)
+    optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-2, weight_decay=0.1)
+    step = jax.jit(functools.partial(apply_update, graphdef, loss_fn=functools.partial(_loss, scale=1.0),
+                                     totals={}, optimizer=optimizer, num_micro=1))
+    return params, frozen, optimizer, step
+
+
+@pytest.mark.parametrize("learning_rate", [float("nan"), float("inf")])
+def test_an_update_that_would_make_parameters_non_finite_is_refused(learning_rate):
+    # A finite loss and gradient, but a NaN/inf learning rate: before the parameter check the NaN
+    # step was applied (the run then logged loss 0.0 and died at "refusing to checkpoint").
+    params, frozen, optimizer, step = _step_with_learning_rate_in_state()
+    opt_state = optimizer.init(params)
+    opt_state.hyperparams["learning_rate"] = jnp.asarray(learning_rate, jnp.float32)
+    before = _leaves(params) + _leaves(opt_state)
+    new_params, new_opt_state, metrics = step(params, frozen, opt_state, {"ids": IDS, "mask": MASK})
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert float(metrics["nonfinite"]) == 2.0
+    for got, want in zip(_leaves(new_params) + _leaves(new_opt_state), before):
+        np.testing.assert_array_equal(got, want)
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    with pytest.raises(NonFiniteLossError, match=r"step 7: the update would make the parameters non-finite"):
+        raise_if_nonfinite(host, 7)
+    # the same compiled update with a finite learning rate applies the step
+    opt_state.hyperparams["learning_rate"] = jnp.asarray(1e-2, jnp.float32)
+    moved, _, metrics = step(params, frozen, opt_state, {"ids": IDS, "mask": MASK})
+    assert float(metrics["nonfinite"]) == 0.0
+    assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(_leaves(moved), _leaves(params)))
+
+
+def test_raise_if_nonfinite_names_the_cause():
+    raise_if_nonfinite(ok := {"loss": 1.0, "grad_norm": 2.0, "nonfinite": 0.0}, 3)
+    assert "nonfinite" not in ok  # popped, not logged
+    with pytest.raises(NonFiniteLossError, match=r"step 3: the loss or gradient is not finite \(loss=nan"):
+        raise_if_nonfinite({"loss": float("nan"), "grad_norm": 2.0, "nonfinite": 1.0}, 3)
+    with pytest.raises(NonFiniteLossError, match="learning_rate"):
+        raise_if_nonfinite({"loss": 1.0, "grad_norm": 2.0, "nonfinite": 2.0}, 3)

@@ -35,6 +35,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from rljax.models.finite import require_finite
+
 __all__ = [
     "GGUFCheckpoint",
     "SUPPORTED_ARCHITECTURES",
@@ -122,8 +124,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     `qwen2` and `qwen3` architectures.
 
     Raises:
-        ValueError: for another architecture, a tensor this reader does not know, or RoPE scaling it
-            cannot express (a `rope_freqs.weight` tensor, YaRN).
+        ValueError: for another architecture, a tensor this reader does not know, RoPE scaling it
+            cannot express (a `rope_freqs.weight` tensor, YaRN), or a tensor holding NaN or inf.
     """
     path = os.fspath(path)
     reader = _Reader(path)
@@ -149,7 +151,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         # writable, contiguous float32 array, copied only where it is not one already.
         if np.may_share_memory(weights, tensor.data):
             weights = weights.copy()
-        state_dict[hf_name] = np.ascontiguousarray(weights, dtype=np.float32)
+        state_dict[hf_name] = require_finite(np.ascontiguousarray(weights, dtype=np.float32), tensor=tensor.name,
+                                             source=path)
 
     tokenizer = tokenizer_from_gguf_metadata(metadata, name_or_path=path)
     kept = {key: value for key, value in metadata.items() if key not in _TOKENIZER_ARRAYS}

@@ -20,6 +20,7 @@ from flax import nnx
 
 from rljax.errors import MissingFileError
 from rljax.models.config import ModelConfig
+from rljax.models.finite import require_finite
 from rljax.models.transformer import Transformer, abstract_model
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -132,7 +133,8 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
     """Every tensor of a Hugging Face directory's ``model.safetensors`` (or its shards), as float32 NumPy.
 
     Keys are the checkpoint's own names (``model.layers.0.self_attn.q_proj.weight``, ...);
-    :func:`params_from_hf_state_dict` turns them into rljax's nested parameters.
+    :func:`params_from_hf_state_dict` turns them into rljax's nested parameters. A tensor holding
+    NaN or inf raises ``ValueError`` naming it and its file.
     """
     from safetensors import safe_open
 
@@ -152,7 +154,8 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
         # framework="flax" reads bfloat16 too; convert to float32 numpy once, here.
         with safe_open(os.path.join(directory, name), framework="flax") as f:
             for key in f.keys():
-                tensors[key] = np.asarray(f.get_tensor(key).astype(jnp.float32))
+                tensors[key] = require_finite(np.asarray(f.get_tensor(key).astype(jnp.float32)), tensor=key,
+                                              source=os.path.join(directory, name))
     return tensors
 
 
@@ -196,7 +199,7 @@ def read_hf_dir(
     if value_head and os.path.exists(vh_path):
         from safetensors.numpy import load_file
 
-        vh_params = load_file(vh_path)
+        vh_params = {k: require_finite(v, tensor=k, source=vh_path) for k, v in load_file(vh_path).items()}
     return config, params, vh_params
 
 

@@ -5,13 +5,18 @@ A reward function scores a batch of completions:
     fn(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray  # [N] float64
 
 `examples[i]` is the dataset row that completion `i` answers (it holds e.g. `answer`, `metadata`,
-and `completion_length`, the completion's token count, which the trainer fills in). NaN means
-"missing": the function could not score that sample. Most rewards are written per sample and
-wrapped with `per_sample`, which turns an exception on one sample into a NaN for that sample only.
+and `completion_length`, the completion's token count, which the trainer fills in). NaN (or None
+in a returned list) means "missing": the function could not score that sample, or does not apply
+to it (TRL's convention for `None`). Other non-finite values (±inf) are errors: `call_reward`
+raises a `ValueError` naming the function and the sample. Most rewards are written per sample and
+wrapped with `per_sample`, which turns an exception on one sample (or a `None`) into a NaN for
+that sample only.
 
 `RewardSet` (built by `combine` or, from a config mapping, by `build_rewards`) is the weighted sum
-`total = Σ_k w_k · r_k`. A sample is *missing* when any function returned NaN for it; its total is
-NaN, and the trainer decides what to do with it (drop the group, or score it 0).
+`total = Σ_k w_k · r_k` in which a missing value counts 0 (TRL `GRPOTrainer`:
+`(rewards_per_func * weights).nansum(dim=1)`). A sample is *missing* when any function returned
+NaN for it; the online trainer leaves such rows out of the update (advantage 0, out of the group
+statistics: `rljax.advantages`), where TRL would train on the partial sum.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def per_sample(fn: SampleRewardFn | None = None, *, name: str | None = None):
 
     An exception on one sample scores that sample NaN and is reported by one `logging` warning per
     call (naming the function, how many samples failed and the first exception), not one per sample.
+    Returning `None` marks the sample missing (NaN) without a warning (TRL's convention).
     Usable as `@per_sample`, `@per_sample(name="answer")` or `per_sample(f, name=...)`.
     """
 
@@ -55,7 +61,8 @@ def per_sample(fn: SampleRewardFn | None = None, *, name: str | None = None):
             first: tuple[int, BaseException] | None = None
             for i, (completion, example) in enumerate(zip(completions, examples)):
                 try:
-                    out[i] = float(f(completion, example))
+                    value = f(completion, example)
+                    out[i] = np.nan if value is None else float(value)  # None: missing, not a failure
                 except Exception as exc:  # noqa: BLE001 - one bad sample must not kill the batch
                     out[i] = np.nan
                     failures += 1
@@ -106,14 +113,28 @@ def call_reward(name: str, fn: RewardFn, completions: Sequence[str],
             f"reward function {name!r} returned shape {values.shape}; "
             f"expected ({len(completions)},), one value per completion"
         )
+    infinite = np.flatnonzero(np.isinf(values))
+    if infinite.size:  # NaN is "missing"; an infinite reward would reach the loss as NaN
+        i = int(infinite[0])
+        raise ValueError(
+            f"reward function {name!r} returned {values[i]} for sample {i} of {len(completions)} "
+            f"({infinite.size} infinite in all), completion {_start(completions[i])}; rewards must be "
+            "finite (None or NaN marks a sample the function cannot score)"
+        )
     return values
+
+
+def _start(text: Any, limit: int = 80) -> str:
+    """The start of a completion for an error message."""
+    text = str(text)
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 class RewardOutput(NamedTuple):
     """What a `RewardSet` returns. Unpacks as `total, per_function, missing = reward_set(...)`."""
 
-    total: np.ndarray  # [N] float64, NaN where missing
-    per_function: dict[str, np.ndarray]  # name -> [N] float64, unweighted
+    total: np.ndarray  # [N] float64 Σ_k w_k r_k, a missing value counting 0 (TRL nansum)
+    per_function: dict[str, np.ndarray]  # name -> [N] float64, unweighted, NaN where missing
     missing: np.ndarray  # [N] bool, True where any function returned NaN
 
 
@@ -122,6 +143,9 @@ class RewardSet:
 
     `reward_set(completions, examples)` returns a `RewardOutput(total, per_function, missing)`;
     `per_function` holds the unweighted values. A weight of 0 still computes (and logs) the function.
+    A function that scores no sample of a batch (all None/NaN) is reported by one `logging`
+    warning, the first time only (its `reward/<name>/missing` metric is then 1). A total that is
+    not finite in float32 (the trainer's dtype) raises a `ValueError` naming the sample.
     """
 
     def __init__(self, spec: Mapping[str, tuple[float, RewardFn]]):
@@ -138,6 +162,7 @@ class RewardSet:
             if not callable(fn):
                 raise TypeError(f"reward {name!r}: {fn!r} is not callable")
             self.functions[name] = fn
+        self._warned_all_missing: set[str] = set()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -152,9 +177,16 @@ class RewardSet:
         missing = np.zeros(n, dtype=bool)
         total = np.zeros(n, dtype=np.float64)
         for name, values in per_function.items():
-            missing |= np.isnan(values)
-            total += self.weights[name] * values
-        total[missing] = np.nan
+            absent = np.isnan(values)
+            missing |= absent
+            total += self.weights[name] * np.where(absent, 0.0, values)
+            if n and absent.all() and name not in self._warned_all_missing:
+                self._warned_all_missing.add(name)
+                logger.warning(
+                    "reward %r scored none of the %d samples of this batch (all None/NaN): every row is "
+                    "left out of the update and reward/%s/mean is NaN; check the function and the data "
+                    "it needs (warned once; reward/%s/missing tracks it)", name, n, name, name)
+        _check_total(total, per_function, self.weights, completions)
         return RewardOutput(total, per_function, missing)
 
     def metrics(self, output: RewardOutput) -> dict[str, float]:
@@ -172,21 +204,40 @@ def combine(spec: Mapping[str, tuple[float, RewardFn]]) -> RewardSet:
 
 
 def reward_metrics(output: RewardOutput) -> dict[str, float]:
-    """Flat scalar metrics for logging.
+    """Flat scalar metrics for logging, as TRL `GRPOTrainer` logs them.
 
-    Keys: `reward/<name>/mean` (mean of that function over the samples it scored, i.e. ignoring its
-    NaNs), `reward/total/mean` and `reward/total/std` (over non-missing samples), and
-    `reward/missing_count` (samples where any function returned NaN). A mean over zero samples
-    is NaN.
+    Keys: `reward/<name>/mean`, the mean of that function over the samples it scored (TRL's
+    `nanmean`; NaN if it scored none), with `reward/<name>/missing`, the fraction of samples it did
+    not score, present only when that fraction is above 0; `reward/total/mean` and
+    `reward/total/std` over every sample of the weighted total in which a missing value counts 0
+    (TRL's `nansum` reward), so `total/mean = Σ_k w_k · (1 − <name>/missing) · <name>/mean`; and
+    `reward/missing_count`, the samples where any function returned NaN (the rows left out of the
+    update).
     """
     metrics: dict[str, float] = {}
+    n = len(output.total)
     for name, values in output.per_function.items():
         metrics[f"reward/{name}/mean"] = _nanmean(values)
-    valid = output.total[~output.missing]
-    metrics["reward/total/mean"] = float(valid.mean()) if valid.size else math.nan
-    metrics["reward/total/std"] = float(valid.std()) if valid.size else math.nan
+        absent = int(np.count_nonzero(np.isnan(values)))
+        if absent:
+            metrics[f"reward/{name}/missing"] = absent / n
+    total = np.asarray(output.total, np.float64)
+    metrics["reward/total/mean"] = float(total.mean()) if n else math.nan
+    metrics["reward/total/std"] = float(total.std()) if n else math.nan
     metrics["reward/missing_count"] = float(np.count_nonzero(output.missing))
     return metrics
+
+
+def _check_total(total: np.ndarray, per_function: Mapping[str, np.ndarray], weights: Mapping[str, float],
+                 completions: Sequence[str]) -> None:
+    """A finite weighted total can still overflow the float32 the trainer uses (or float64 itself)."""
+    bad = np.flatnonzero(~(np.abs(total) <= np.finfo(np.float32).max))
+    if bad.size:
+        i = int(bad[0])
+        terms = ", ".join(f"{name}={values[i]:g} (weight {weights[name]:g})" for name, values in per_function.items())
+        raise ValueError(
+            f"the weighted reward total of sample {i} is {total[i]:g}, beyond float32 "
+            f"({bad.size} such samples): {terms}; completion {_start(completions[i])}")
 
 
 def _nanmean(values: np.ndarray) -> float:

@@ -104,7 +104,7 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
 
 def mean_update_metrics(metrics: dict) -> dict[str, float]:
     """Host summary of :func:`update_epochs`' per-update metrics: each the mean over the updates,
-    ``nonfinite`` the max (1 if any update was refused)."""
+    ``nonfinite`` the max (above 0 if any update was refused: ``rljax.update.raise_if_nonfinite``)."""
     metrics = jax.device_get(metrics)
     return {k: float(np.max(v)) if k == "nonfinite" else float(np.mean(np.ravel(v).astype(np.float64)))
             for k, v in metrics.items()}
@@ -269,7 +269,14 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
-        """Greedy (by default) completions on held-out prompts: mean of each reward, length."""
+        """Greedy (by default) completions on held-out prompts: mean of each reward, length.
+
+        As TRL ``GRPOTrainer`` logs them (and as the training metrics, ``rljax.rewards.reward_metrics``):
+        ``eval/<name>`` is that function's mean over the samples it scored (``nanmean``; NaN if none),
+        with ``eval/<name>/missing``, the fraction it did not score, when above 0; ``eval/reward``
+        is the mean over every sample of the weighted total in which a missing value counts 0
+        (``nansum``), so ``eval/reward = Σ_k w_k · (1 − eval/<name>/missing) · eval/<name>``.
+        """
         examples = self.eval_examples if examples is None else examples
         key = rng.stream(self.cfg.train.seed, "eval")
         rolls = [self.sample(examples[start : start + 64], key, repeats=1, evaluation=True)
@@ -280,8 +287,11 @@ class OnlineTrainer:
         results = {}
         for name in rolls[0].per_function:
             values = np.concatenate([r.per_function[name] for r in rolls])
-            results[f"eval/{name}"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
-        results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls])))
+            scored = ~np.isnan(values)
+            results[f"eval/{name}"] = float(np.mean(values[scored])) if scored.any() else float("nan")
+            if not scored.all():
+                results[f"eval/{name}/missing"] = float(np.mean(~scored))
+        results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls]), dtype=np.float64))
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
         results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
         return results
