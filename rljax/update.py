@@ -28,7 +28,15 @@ from flax import nnx
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf, or the update would have made a parameter NaN/inf
-    (e.g. ``learning_rate: nan``, a diverging step); the update was not applied."""
+    (e.g. ``learning_rate: nan``, a diverging step); the update was not applied.
+
+    ``updates_applied``: how many of the step's earlier updates were (0 for a one-update step, or
+    when the first update was refused): the state is then the step's starting state only if 0.
+    """
+
+    def __init__(self, message: str, *, updates_applied: int = 0):
+        super().__init__(message)
+        self.updates_applied = updates_applied
 
 
 def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
@@ -70,7 +78,7 @@ def _cached_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
 
 def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array], *,
                  loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]], totals: dict[str, Any],
-                 optimizer: optax.GradientTransformation, num_micro: int):
+                 optimizer: optax.GradientTransformation, num_micro: int, skip: jax.Array | bool = False):
     """One optimizer step on ``batch`` split into ``num_micro`` micro-batches (traceable; call under jit).
 
     Every leaf of ``batch`` has the rows on axis 0, a multiple of ``num_micro``. Gradients,
@@ -80,7 +88,9 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
     means, averaged. A non-finite loss or gradient norm leaves ``params`` and ``opt_state``
     unchanged and sets ``metrics['nonfinite'] = 1``; so does an update that would make any
     parameter non-finite (a NaN/inf learning rate, an overflowing step), with
-    ``metrics['nonfinite'] = 2``. The trainer then stops with ``NonFiniteLossError``.
+    ``metrics['nonfinite'] = 2``. The trainer then stops with ``NonFiniteLossError``. ``skip``
+    (a traced bool) refuses the update whatever its values: ``update_epochs`` ends a step's updates
+    at the first refused one.
 
     Returns ``(new_params, new_opt_state, metrics)``; metrics add ``loss``, ``grad_norm`` (before
     clipping) and ``nonfinite``.
@@ -123,7 +133,7 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
 
     # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and AdamW state
     # (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond, as without a guard).
-    new_params, new_opt_state = jax.lax.cond(finite & params_finite, step, lambda state: state[:2],
+    new_params, new_opt_state = jax.lax.cond(finite & params_finite & ~jnp.asarray(skip), step, lambda state: state[:2],
                                              (params, opt_state, updates, stepped_opt_state))
     # 0: applied; 1: the loss or gradient is not finite; 2: the parameters would not be finite
     nonfinite = jnp.where(finite, jnp.where(params_finite, 0.0, 2.0), 1.0).astype(jnp.float32)
@@ -132,19 +142,21 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
 
 
 def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:
-    """Pop ``metrics['nonfinite']`` and raise ``NonFiniteLossError`` if an update was refused
-    (1: the loss or gradient is not finite; 2: the parameters would have become non-finite)."""
+    """Pop ``metrics['nonfinite']`` (and ``updates_applied``, when a step makes several updates) and
+    raise ``NonFiniteLossError`` if an update was refused (1: the loss or gradient is not finite;
+    2: the parameters would have become non-finite)."""
     code = metrics.pop("nonfinite")
+    applied = int(metrics.pop("updates_applied", 0))
     if code >= 2:
-        raise NonFiniteLossError(
+        raise NonFiniteLossError(updates_applied=applied, message=
             f"step {step}: the update would make the parameters non-finite (NaN/inf) although the loss and "
             f"gradient are finite (loss={metrics['loss']}, grad_norm={metrics['grad_norm']}): check "
             "optim.learning_rate and the schedule, or lower the learning rate / set optim.grad_clip if the "
             "step diverges; the update was not applied")
     if code > 0:
-        raise NonFiniteLossError(
+        raise NonFiniteLossError(updates_applied=applied, message=(
             f"step {step}: the loss or gradient is not finite (loss={metrics['loss']}, "
-            f"grad_norm={metrics['grad_norm']}); the update was not applied")
+            f"grad_norm={metrics['grad_norm']}); the update was not applied"))
 
 
 __all__ = ["NonFiniteLossError", "apply_update", "make_optimizer", "optimizer_for", "raise_if_nonfinite"]

@@ -187,6 +187,30 @@ def test_a_non_finite_stop_resumes_to_the_clean_run(tiny_dir, tmp_path):
         assert _untimed(_lines(tmp_path / "faulty" / name)) == _untimed(_lines(tmp_path / "clean" / name)), name
 
 
+def test_a_non_finite_stop_after_applied_updates_saves_nothing(tiny_dir, tmp_path, capsys):
+    # Two updates a step (num_iterations: 2); the second is refused at step 2, after the first was
+    # applied. That state is neither step 2's start nor its end, so no checkpoint of it can resume as
+    # a clean run would: nothing is saved and the message names the last clean checkpoint (step 1).
+    cfg = _cfg(tiny_dir, tmp_path / "run", steps=3, save_every=1)
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, num_iterations=2))
+    trainer = OnlineTrainer(cfg)
+    real_update = trainer.update_epochs
+
+    def second_update_refused_at_step_2(batch):
+        metrics = real_update(batch)
+        if trainer.step == 1:
+            metrics.update(nonfinite=1.0, updates_applied=1)
+        return metrics
+
+    trainer.update_epochs = second_update_refused_at_step_2
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.fit()
+    assert err.value.updates_applied == 1
+    assert _committed_steps(tmp_path / "run") == [1]
+    assert "1 earlier update(s) of this step were applied, so this state is not saved; the last clean state is " \
+           "checkpoint 1" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------- processes
 
 

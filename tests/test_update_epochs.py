@@ -4,7 +4,8 @@ for each mini-batch one jitted ``apply_update`` of the policy (and one of PPO's 
 
 - GRPO (2 passes x 2 mini-batches x 2 micro-batches) and PPO with a separate critic give the loop's
   parameters, optimizer states and per-update metrics.
-- A NaN in one mini-batch refuses that update only: the state is the loop's, which applied the other.
+- A NaN in one mini-batch refuses that update and every later one of the step (the state is the one
+  before it, so a non-finite stop knows what it holds): the loop's, which stopped applying there.
 - Steps of equal shapes share one compiled program.
 """
 
@@ -87,16 +88,18 @@ def _loop(trainer, batch):
     rows = batch.num_rows
     mb_rows = rows // a.mini_batches
     perm_key = rng.step_key(rng.stream(trainer.cfg.train.seed, "minibatch"), run.step)
-    updates = []
+    updates, halted = [], False
     for it in range(a.num_iterations):
         order = np.asarray(jax.random.permutation(jax.random.fold_in(perm_key, it), rows)) \
             if a.mini_batches > 1 else np.arange(rows)
         for m in range(a.mini_batches):
             idx = order[m * mb_rows : (m + 1) * mb_rows]
             mb = jax.tree.map(lambda x: x[idx], batch)
-            params, opt_state, um = _one_update(p.graphdef, params, p.frozen, opt_state, mb, optimizer=p.optimizer,
-                                                algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
-                                                num_micro=a.num_micro)
+            new_params, new_opt_state, um = _one_update(
+                p.graphdef, _copy(params), p.frozen, _copy(opt_state), mb, optimizer=p.optimizer, algorithm=a.name,
+                cfg=a, temperature=trainer.cfg.sampling.temperature, num_micro=a.num_micro)
+            if not halted:  # after a refused update the loop keeps the state (and still reports metrics)
+                params, opt_state = new_params, new_opt_state
             if c is not None:
                 cp, co, cm = _one_update(c.graphdef, *critic[:1], c.frozen, critic[1], mb, optimizer=c.optimizer,
                                          algorithm=a.name, cfg=a, temperature=trainer.cfg.sampling.temperature,
@@ -105,6 +108,8 @@ def _loop(trainer, batch):
                 renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
                 um = {**um, **{renamed.get(k, k): v for k, v in cm.items()},
                       "nonfinite": jnp.maximum(um["nonfinite"], cm["nonfinite"])}
+            um = dict(um, applied=np.float32(not halted and float(um["nonfinite"]) == 0.0))
+            halted = halted or float(um["nonfinite"]) > 0
             updates.append(jax.device_get(um))
     return (params, opt_state), critic, updates
 
@@ -155,27 +160,35 @@ def test_one_call_equals_the_python_loop(tiny_dir, tmp_path, algo, extra):
     # The host summary: each metric's mean over the 4 updates, as the loop averaged them.
     summary = mean_update_metrics(got_metrics)
     for k in got_metrics:
-        if k != "nonfinite":
+        if k not in ("nonfinite", "applied"):
             assert summary[k] == float(np.mean([float(u[k]) for u in want_updates])), k
     assert summary["nonfinite"] == 0.0
     # It trained: the parameters moved.
     assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4
 
 
-def test_a_nan_in_one_mini_batch_refuses_that_update_only(tiny_dir, tmp_path):
-    trainer = _trainer(tiny_dir, tmp_path, "grpo", num_iterations=1)
+def test_a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_dir, tmp_path):
+    trainer = _trainer(tiny_dir, tmp_path, "grpo", num_iterations=2)
     batch = _batch(trainer)
-    # Row 0's old log-probs are NaN: its importance ratio, and so its mini-batch's loss, is NaN.
-    batch = batch.replace(old_logprobs=batch.old_logprobs.at[0].set(jnp.nan))
+    # The NaN row is the first row of pass 0's second mini-batch (the permutation update_epochs
+    # draws): update 0 is applied, update 1 is refused, and updates 2 and 3 (pass 1, whose other
+    # mini-batch is finite) are refused too, so the state is the one after update 0.
+    perm_key = rng.step_key(rng.stream(trainer.cfg.train.seed, "minibatch"), trainer.run.step)
+    row = int(jax.random.permutation(jax.random.fold_in(perm_key, 0), batch.num_rows)[batch.num_rows // 2])
+    # its old log-probs are NaN: its importance ratio, and so its mini-batch's loss, is NaN
+    batch = batch.replace(old_logprobs=batch.old_logprobs.at[row].set(jnp.nan))
     want_policy, _, want_updates = _loop(trainer, batch)
     got_policy, _, got_metrics = _one_call(trainer, batch)
 
-    nonfinite = np.asarray(jax.device_get(got_metrics["nonfinite"])).reshape(-1)
-    assert sorted(nonfinite.tolist()) == [0.0, 1.0]  # one refused, one applied
+    got_metrics = jax.device_get(got_metrics)
+    nonfinite = np.asarray(got_metrics["nonfinite"]).reshape(-1)
+    assert nonfinite[:2].tolist() == [0.0, 1.0] and sorted(nonfinite[2:].tolist()) == [0.0, 1.0]
     assert nonfinite.tolist() == [u["nonfinite"] for u in want_updates]
+    assert np.asarray(got_metrics["applied"]).reshape(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
     assert _max_diff(got_policy, want_policy) == 0.0
-    assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4  # the finite mini-batch was applied
-    assert mean_update_metrics(got_metrics)["nonfinite"] == 1.0
+    assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4  # update 0 was applied
+    summary = mean_update_metrics(got_metrics)
+    assert (summary["nonfinite"], summary["updates_applied"]) == (1.0, 1)
 
 
 def test_steps_of_equal_shapes_compile_once(tiny_dir, tmp_path):

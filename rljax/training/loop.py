@@ -16,7 +16,8 @@ Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps
 -> the run directory's lock is released (``Run.close``, also when the run fails).
 A non-finite loss stops the run: the state before the refused update is saved with the data
 position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
-logged, and ``NonFiniteLossError`` propagates. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the
+logged, and ``NonFiniteLossError`` propagates; when earlier updates of that step were applied
+(several updates a step), that state is not saved and the line names the last clean checkpoint. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the
 run at the next step boundary: the state is checkpointed (and committed), a line is logged and
 ``Preempted`` is raised (``rljax train`` exits with ``128 + signal``); a second SIGINT raises
 ``KeyboardInterrupt`` at once. Saving never changes the state, so where saves happen does not
@@ -140,8 +141,16 @@ def fit(trainer) -> dict[str, Any]:
             try:
                 metrics = trainer.step_once()
             except NonFiniteLossError as err:
-                save(trainer, force=True, data=position)
-                logger.write(f"stopping: {err}; last good state saved at step {run.step}")
+                if err.updates_applied:
+                    # earlier updates of the step were applied: the state is neither the step's start
+                    # nor its end, and no checkpoint of it can resume as a clean run would
+                    latest = run.checkpointer.latest_step()
+                    logger.write(f"stopping: {err}; {err.updates_applied} earlier update(s) of this step were "
+                                 f"applied, so this state is not saved; the last clean state is checkpoint "
+                                 f"{latest} (--resume continues from it)")
+                else:
+                    save(trainer, force=True, data=position)
+                    logger.write(f"stopping: {err}; last good state saved at step {run.step}")
                 raise
             evaluated = bool(train.eval_every and run.step % train.eval_every == 0 and run.step < trainer.total_steps)
             if evaluated:

@@ -68,7 +68,9 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
     Returns ``(params, opt_state, critic_params, critic_opt_state, metrics)``: the critic's are None
     without one; ``metrics[k]`` is ``[num_iterations, mini_batches]``, one entry per update (the
     critic's ``loss`` / ``grad_norm`` as ``critic/loss`` / ``critic/grad_norm``, ``nonfinite`` the
-    max of the two). A non-finite update is refused alone; the later ones still run.
+    max of the two). The first refused (non-finite) update ends the step's updates: the later ones
+    are refused too, so the state is the one before that update and ``updates_applied`` (in
+    :func:`mean_update_metrics`) says how many were applied.
     """
     _TRACES["update_epochs"] += 1
     algo = get_algorithm(algorithm)
@@ -78,16 +80,20 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
     mb_rows = rows // mini_batches
 
     def one_update(states, mb):
-        p, po, c, co = states
+        p, po, c, co, halted = states
         p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=rollout_totals(mb),
-                                      optimizer=optimizer, num_micro=num_micro)
+                                      optimizer=optimizer, num_micro=num_micro, skip=halted)
         if critic_loss is not None:
+            # the critic's update is refused with the policy's, and the policy's with the critic's
+            # (a non-finite critic update stops the step as the policy's does): both halt together
             c, co, cm = apply_update(critic_graphdef, c, critic_frozen, co, mb, loss_fn=critic_loss,
-                                     totals=rollout_totals(mb), optimizer=critic_optimizer, num_micro=num_micro)
+                                     totals=rollout_totals(mb), optimizer=critic_optimizer, num_micro=num_micro,
+                                     skip=halted | (metrics["nonfinite"] > 0))
             renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
             metrics = {**metrics, **{renamed.get(k, k): v for k, v in cm.items()},
                        "nonfinite": jnp.maximum(metrics["nonfinite"], cm["nonfinite"])}
-        return (p, po, c, co), metrics
+        metrics["applied"] = (~halted & (metrics["nonfinite"] == 0)).astype(jnp.float32)
+        return (p, po, c, co, halted | (metrics["nonfinite"] > 0)), metrics
 
     def one_pass(states, it):
         if mini_batches == 1:
@@ -97,17 +103,22 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
             minis = jax.tree.map(lambda x: x[order].reshape(mini_batches, mb_rows, *x.shape[1:]), batch)
         return jax.lax.scan(one_update, states, minis)
 
-    (params, opt_state, critic_params, critic_opt_state), metrics = jax.lax.scan(
-        one_pass, (params, opt_state, critic_params, critic_opt_state), jnp.arange(num_iterations))
+    (params, opt_state, critic_params, critic_opt_state, _), metrics = jax.lax.scan(
+        one_pass, (params, opt_state, critic_params, critic_opt_state, jnp.asarray(False)), jnp.arange(num_iterations))
     return params, opt_state, critic_params, critic_opt_state, metrics
 
 
 def mean_update_metrics(metrics: dict) -> dict[str, float]:
     """Host summary of :func:`update_epochs`' per-update metrics: each the mean over the updates,
-    ``nonfinite`` the max (above 0 if any update was refused: ``rljax.update.raise_if_nonfinite``)."""
-    metrics = jax.device_get(metrics)
-    return {k: float(np.max(v)) if k == "nonfinite" else float(np.mean(np.ravel(v).astype(np.float64)))
-            for k, v in metrics.items()}
+    ``nonfinite`` the max (above 0 if any update was refused: ``rljax.update.raise_if_nonfinite``)
+    and, when one was, ``updates_applied`` (how many before it were)."""
+    metrics = dict(jax.device_get(metrics))
+    applied = int(np.sum(metrics.pop("applied")))
+    summary = {k: float(np.max(v)) if k == "nonfinite" else float(np.mean(np.ravel(v).astype(np.float64)))
+               for k, v in metrics.items()}
+    if summary["nonfinite"] > 0:
+        summary["updates_applied"] = applied
+    return summary
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
