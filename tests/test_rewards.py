@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from rljax.errors import UserError
 from rljax.rewards import (
     RewardSet,
     answer_score,
@@ -345,7 +346,7 @@ def test_combine_errors_name_the_function():
         combine({"broken": (1.0, broken)})(["a", "b"], [{}, {}])
     with pytest.raises(ValueError, match="2 completions but 1 examples"):
         combine({"ok": (1.0, ok)})(["a", "b"], [{}])
-    with pytest.raises(TypeError, match="weight"):
+    with pytest.raises(UserError, match="rewards.ok: the weight must be a number, got 'high'"):
         combine({"ok": ("high", ok)})
 
 
@@ -382,7 +383,7 @@ def test_build_rewards_from_config_mapping():
 
 
 def test_build_rewards_errors():
-    with pytest.raises(KeyError, match="unknown reward 'acuracy'"):
+    with pytest.raises(UserError, match="unknown reward 'acuracy'"):
         build_rewards({"acuracy": 1.0})
     with pytest.raises(ValueError, match=r"'format'.*'strict'.*accepted: think_prefilled"):
         build_rewards({"format": {"weight": 1.0, "strict": True}})

@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from rljax.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], np.ndarray]
@@ -55,7 +57,7 @@ def per_sample(fn: SampleRewardFn | None = None, *, name: str | None = None):
 
         @functools.wraps(f)
         def batch_fn(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-            _check_batch(label, completions, examples)
+            check_batch(label, completions, examples)
             out = np.empty(len(completions), dtype=np.float64)
             failures = 0
             first: tuple[int, BaseException] | None = None
@@ -83,7 +85,9 @@ def per_sample(fn: SampleRewardFn | None = None, *, name: str | None = None):
     return wrap(fn) if fn is not None else wrap
 
 
-def _check_batch(label: str, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> None:
+def check_batch(label: str, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> None:
+    """Raises ``TypeError`` / ``ValueError`` naming reward ``label`` unless ``completions`` is a
+    sequence of strings with one ``examples`` row each (what every reward function is called with)."""
     if isinstance(completions, str):
         raise TypeError(f"reward {label!r}: completions must be a sequence of strings, got one str")
     if len(completions) != len(examples):
@@ -169,7 +173,7 @@ class RewardSet:
         return tuple(self.functions)
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> RewardOutput:
-        _check_batch("RewardSet", completions, examples)
+        check_batch("RewardSet", completions, examples)
         n = len(completions)
         per_function = {
             name: call_reward(name, fn, completions, examples) for name, fn in self.functions.items()
@@ -245,11 +249,15 @@ def _nanmean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else math.nan
 
 
+class WeightError(UserError, TypeError):
+    """A reward's weight in the config is not a finite number."""
+
+
 def _check_weight(name: str, weight: Any) -> float:
     if isinstance(weight, bool) or not isinstance(weight, (int, float, np.floating, np.integer)):
-        raise TypeError(f"reward {name!r}: weight must be a number, got {weight!r}")
+        raise WeightError(f"rewards.{name}: the weight must be a number, got {weight!r}")
     if not math.isfinite(float(weight)):
-        raise ValueError(f"reward {name!r}: weight must be finite, got {weight!r}")
+        raise WeightError(f"rewards.{name}: the weight must be finite, got {weight!r}")
     return float(weight)
 
 
@@ -287,7 +295,7 @@ def registered_rewards() -> tuple[str, ...]:
 def build_reward(name: str, options: Mapping[str, Any] | None = None, **context: Any) -> RewardFn:
     """Construct one registered reward function by name."""
     if name not in _REGISTRY:
-        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+        raise UserError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
     constructor = _REGISTRY[name]
     options = dict(options or {})
     params = inspect.signature(constructor).parameters
@@ -297,7 +305,7 @@ def build_reward(name: str, options: Mapping[str, Any] | None = None, **context:
     if not takes_kwargs:
         unknown = sorted(set(options) - set(accepted))
         if unknown:
-            raise ValueError(
+            raise UserError(
                 f"reward {name!r}: unknown option(s) {', '.join(map(repr, unknown))}; "
                 f"accepted: {', '.join(accepted) if accepted else '(none)'}"
             )

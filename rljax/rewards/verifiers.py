@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rljax.rewards.base import RewardFn, _check_batch, per_sample, register_reward
+from rljax.rewards.base import RewardFn, check_batch, per_sample, register_reward
 from rljax.rewards.bounded import BoundHit, check_bounds, shared_pool
 
 logger = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ def make_answer_reward(
     alarm = int(timeout_seconds)
 
     def answer(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        _check_batch("answer", completions, examples)
+        check_batch("answer", completions, examples)
         out = np.zeros(len(completions), dtype=np.float64)
         pending: list[tuple[int, str, tuple[str, ...]]] = []  # (sample, answer, golds math-verify decides)
         errors: list[tuple[int, str]] = []
@@ -600,7 +600,7 @@ def make_reasoning_gym_reward(
         time_limit_seconds=time_limit_seconds, memory_limit_mb=memory_limit_mb, workers=workers))
 
     def reasoning_gym(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        _check_batch("reasoning_gym", completions, examples)
+        check_batch("reasoning_gym", completions, examples)
         out = np.zeros(len(completions), dtype=np.float64)
         pending: list[tuple[int, str, str | None, dict]] = []  # (sample, dataset, answer, scorer's entry)
         errors: list[tuple[int, str]] = []
