@@ -313,3 +313,17 @@ def test_checkpointer_falls_back_names_every_step_and_restores_a_named_step_exac
         with pytest.raises(CheckpointReadError, match=r"no checkpoint in .* can be read \(step 3: .*; step 2: .*; "
                                                        r"step 1: .*\)"):
             ckpt.restore(abstract_state=_state(0.0))
+
+
+def test_evaluating_a_run_reads_its_checkpoints_read_only(tiny_dir, tmp_path):
+    # `rljax eval --checkpoint RUN_DIR` while RUN_DIR is still training: a writable checkpointer
+    # would delete the temporary directory of the save that run has in flight.
+    run_dir = tmp_path / "run"
+    trainer_for(_cfg(tiny_dir, run_dir)).fit()
+    in_flight = run_dir / "checkpoints" / "2.orbax-checkpoint-tmp-1234"
+    in_flight.mkdir()
+    evaluator = trainer_for(_cfg(tiny_dir, run_dir), resume=True, write_config=False)
+    assert evaluator.step == 1 and in_flight.is_dir()
+    assert evaluator.run.lock is None
+    with RunDirLock(run_dir):  # the directory stays free for the training run
+        pass

@@ -203,7 +203,8 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
     try:
         return _build(cfg, lock, value_head=value_head, total_updates=total_updates, keep_reference=keep_reference,
                       critic=critic, critic_learning_rate=critic_learning_rate, resume=resume and not defer_restore,
-                      resume_step=resume_step, write_config=write_config and not defer_restore)
+                      resume_step=resume_step, write_config=write_config and not defer_restore,
+                      read_only=resume and not write_config)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -212,7 +213,7 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
 
 def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_updates: int, keep_reference: bool,
            critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
-           write_config: bool) -> Run:
+           write_config: bool, read_only: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
     model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers)
     optimizer = optimizer_for(cfg.optim, total_updates)
@@ -234,8 +235,10 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
         critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param)
+    # read-only (rljax eval --checkpoint): it must not delete the temporary directory of a save that
+    # a training process still writing the run has in flight
     checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
-                                max_to_keep=2)
+                                max_to_keep=2, read_only=read_only)
     run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state,
               lock=lock)
     if resume:
