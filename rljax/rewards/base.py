@@ -335,6 +335,7 @@ def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], **context: Any)
           answer: 1.0
           format: {weight: 0.2, think_prefilled: true}
           long_penalty: {type: length, weight: -0.001, unit: chars}
+          accuracy: {type: python, function: "my_rewards:accuracy_reward"}  # a TRL-style function
 
     A mapping without `weight` gets weight 1.0. `context` is offered to every constructor
     (see `register_reward`).
