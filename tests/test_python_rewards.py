@@ -1,5 +1,6 @@
 """Bring-your-own reward functions (`type: python`): TRL's calling convention, loading from YAML,
-errors that name the config key, and TRL's GRPO-tutorial rewards in a tiny `rljax train` run."""
+errors that name the config key, and rewards in the shape of TRL's GRPO tutorial in a tiny `rljax train`
+run."""
 
 import json
 import math
