@@ -205,7 +205,7 @@ def sft_config(spec: PolicySpec, model_dir: str, records_path: str, run_dir: str
         f"data.eval_size={min(64, spec.eval_size)}", f"data.train_size={spec.sft_size}", "data.eval_fraction=0.02",
         "algorithm.mode=filtered_bc", "algorithm.score_threshold=0.5",
         f"algorithm.batch_size={spec.sft_batch}", f"algorithm.max_completion_length={spec.max_new_tokens}",
-        "algorithm.reduction=token_mean", "algorithm.save_model=true",
+        "algorithm.reduction=token_mean",
         f"optim.learning_rate={spec.sft_lr}", "optim.schedule=cosine", f"optim.warmup_steps={max(spec.sft_steps // 20, 1)}",
         "optim.weight_decay=0.01",
         f"train.steps={spec.sft_steps}", f"train.seed={spec.seed}", f"train.run_dir={run_dir}",

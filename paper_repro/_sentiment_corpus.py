@@ -232,6 +232,7 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     from rljax.reporting import write_json
     from rljax.run_config import RunConfig
     from rljax.training import OfflineTrainer
+    from rljax.training.export import export_model
 
     root = Path(cache or DEFAULT_MODEL_CACHE) / f"sentiment_ref_{settings.key()}"
     model_dir = root / "model"
@@ -260,15 +261,15 @@ data: {{task: "", path: {root / 'train_records.jsonl'}, eval_path: {root / 'eval
        max_prompt_length: 32, too_long: filter, eval_size: 256, train_size: 0}}
 algorithm: {{name: records, mode: filtered_bc, score_threshold: 0.5, batch_size: {settings.batch_size},
             epochs: {settings.epochs}, eval_batch_size: 64, max_completion_length: {settings.max_response_tokens},
-            reduction: token_mean, save_model: false}}
+            reduction: token_mean}}
 optim: {{learning_rate: {settings.learning_rate}, schedule: cosine, warmup_steps: {settings.warmup_steps},
         weight_decay: 0.01}}
-train: {{seed: {settings.seed}, run_dir: {root / 'train'}, progress: false}}
+train: {{seed: {settings.seed}, run_dir: {root / 'train'}, progress: false, save_model: false}}
 """)
     trainer = OfflineTrainer(cfg)
     log(f"reference policy: training {settings} on {len(trainer.train_set)} records ({trainer.total_steps} steps)")
     summary = trainer.fit()
-    trainer.export(str(model_dir))
+    export_model(trainer.run, str(model_dir))
     shutil.rmtree(init_dir)
     shutil.rmtree(root / "train" / "checkpoints", ignore_errors=True)
     seconds = time.perf_counter() - t0

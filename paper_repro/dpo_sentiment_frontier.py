@@ -300,9 +300,9 @@ def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: 
         "data": {"task": "", "path": str(pairs_path), "chat": False, "max_prompt_length": 32, "too_long": "filter",
                  "train_size": 0, "eval_size": 0, "eval_fraction": 0.0},
         "algorithm": {"name": "dpo", "beta": beta, "batch_size": preset.dpo_batch, "epochs": preset.dpo_epochs,
-                      "max_completion_length": p.max_response_tokens, "save_model": False, "invalid_rows": "drop"},
+                      "max_completion_length": p.max_response_tokens, "invalid_rows": "drop"},
         "optim": {"learning_rate": preset.dpo_lr, "schedule": "constant"},
-        "train": {"seed": seed, "run_dir": str(work / f"dpo_beta{beta}_seed{seed}"), "progress": False},
+        "train": {"seed": seed, "run_dir": str(work / f"dpo_beta{beta}_seed{seed}"), "progress": False, "save_model": False},
     })
     trainer = OfflineTrainer(cfg)
     # π_ref: the parameters before any update (copied: the update donates the policy's buffers)

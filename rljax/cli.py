@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | train | eval | pairs``."""
+"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def _add_generate(sub) -> None:
     )
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="registered model name, .gguf file or Hugging Face directory (default: %(default)s)")
+    p.add_argument("--checkpoint", default=None, metavar="RUN_DIR",
+                   help="sample from a run directory's checkpoint (its latest, or --step) instead of --model")
+    p.add_argument("--step", type=_non_negative_int, default=None, metavar="N",
+                   help="with --checkpoint: checkpoint step N (default: the latest)")
     p.add_argument("--prompt", action="append", required=True, type=_prompt,
                    help="prompt text; repeat the flag for a batch of prompts")
     p.add_argument("--chat", action="store_true",
@@ -88,7 +92,17 @@ def _generate(args) -> int:
     from rljax.rollout import PromptFormat, rollout, stop_token_ids
     from rljax.sampling import SamplingConfig
 
-    model, tokenizer = load(args.model, dtype=dtype_from_name(args.dtype))
+    if args.step is not None and not args.checkpoint:
+        raise SystemExit("rljax generate: --step needs --checkpoint RUN_DIR")
+    if args.checkpoint:
+        from rljax.training.export import restore_run
+
+        _check_checkpoint(args.checkpoint)
+        run = restore_run(args.checkpoint, args.step)  # read-only; the run's own model.dtype
+        model, tokenizer = run.policy.model(), run.tokenizer
+        print(f"# {args.checkpoint}: checkpoint step {run.step} of {run.cfg.model.name}", file=sys.stderr)
+    else:
+        model, tokenizer = load(args.model, dtype=dtype_from_name(args.dtype))
     # raw prompts (no --chat) get the tokenizer's special tokens (BOS), as a base model expects;
     # --system only applies to the chat template. A prompt may fill the context less the completion.
     fmt = PromptFormat(chat=args.chat, system_prompt=(args.system or "") if args.chat else "",
@@ -182,6 +196,42 @@ def _clear_model_dir(directory: str) -> None:
         print(f"# --overwrite: left in {directory} what is not a model file: {', '.join(left)}", file=sys.stderr)
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a run's checkpoint as a Hugging Face directory (and a PEFT adapter for LoRA)",
+        description="Write OUT/model, a Hugging Face directory (LoRA merged; a value head in "
+        "value_head.safetensors) that transformers loads, and for a LoRA run OUT/adapter, a PEFT adapter for "
+        "peft.PeftModel.from_pretrained(base, OUT/adapter): what a run writes to RUN_DIR at its end, from any of "
+        "its checkpoints. The run directory is only read (a run still training there is not disturbed).",
+    )
+    p.add_argument("run_dir", help="a run directory (train.run_dir: config.yaml and checkpoints/)")
+    p.add_argument("output", help="directory to write model/ (and adapter/) into (created if missing)")
+    p.add_argument("--step", type=_non_negative_int, default=None, metavar="N",
+                   help="checkpoint step N (default: the latest)")
+    p.add_argument("--overwrite", action="store_true", help="write into OUTPUT even if it is not empty")
+    p.set_defaults(func=_export)
+
+
+def _export(args) -> int:
+    import shutil
+
+    from rljax.training.export import export_run, restore_run
+
+    _check_checkpoint(args.run_dir, flag="export")
+    present = sorted(os.listdir(args.output)) if os.path.isdir(args.output) else []
+    if present and not args.overwrite:
+        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        raise SystemExit(f"rljax export: {args.output} is not empty ({shown}); pass --overwrite to replace the "
+                         "model in it, or name a new directory")
+    run = restore_run(args.run_dir, args.step)
+    for name in ("model", "adapter"):  # --overwrite: no file of an earlier export is read with this one
+        shutil.rmtree(os.path.join(args.output, name), ignore_errors=True)
+    written = export_run(run, args.output)
+    print(f"# {args.run_dir} step {run.step}: " + ", ".join(f"{k} {v}" for k, v in written.items()))
+    return 0
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -232,6 +282,8 @@ def _train(args) -> int:
           f"run dir {cfg.train.run_dir}")
     if summary.get("model_dir"):
         print(f"# model written to {summary['model_dir']}")
+    if summary.get("adapter_dir"):
+        print(f"# PEFT adapter written to {summary['adapter_dir']}")
     return 0
 
 
@@ -274,20 +326,20 @@ def _eval(args) -> int:
     return 0
 
 
-def _check_checkpoint(run_dir: str) -> None:
+def _check_checkpoint(run_dir: str, flag: str = "--checkpoint") -> None:
     """``eval --checkpoint RUN_DIR`` reads a run: the directory must exist and hold a checkpoint
     (checked read-only, so a typo creates nothing)."""
     from rljax.checkpoint import Checkpointer
 
     if not os.path.isdir(run_dir):
-        raise MissingFileError(f"--checkpoint {run_dir}: no such run directory")
+        raise MissingFileError(f"{flag} {run_dir}: no such run directory")
     checkpoints = os.path.join(run_dir, "checkpoints")
     latest = None
     if os.path.isdir(checkpoints):
         with Checkpointer(checkpoints, save_every=0, read_only=True) as ckpt:
             latest = ckpt.latest_step()
     if latest is None:
-        raise MissingFileError(f"--checkpoint {run_dir}: no checkpoint in {checkpoints}")
+        raise MissingFileError(f"{flag} {run_dir}: no checkpoint in {checkpoints}")
 
 
 def _add_pairs(sub) -> None:
@@ -324,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
     _add_convert(sub)
+    _add_export(sub)
     _add_train(sub)
     _add_eval(sub)
     _add_pairs(sub)
@@ -331,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
-_KEEP_HOST_MEMORY = ("train", "eval", "generate", "pairs")
+_KEEP_HOST_MEMORY = ("train", "eval", "generate", "export", "pairs")
 
 
 def main(argv: list[str] | None = None) -> int:

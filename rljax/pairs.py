@@ -63,7 +63,7 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     for start in range(0, len(examples), batch_prompts):
         roll = rollout(model, tokenizer, examples[start:start + batch_prompts], jax.random.fold_in(key, start),
                        sampling=sampling, fmt=fmt, repeats=num_samples, rewards=rewards)
-        kept_examples += [{k: v for k, v in ex.items() if k != "completion_length"}
+        kept_examples += [{k: v for k, v in ex.items() if k not in ("completion_length", "completion_ids")}
                           for ex in roll.examples[::num_samples]]
         completions += roll.texts
         scores.append(_weighted_totals(rewards, roll.per_function, roll.row_mask))

@@ -155,7 +155,7 @@ class Rollout:
     logprobs: np.ndarray  # [R, N] float32, the sampler's log-probs (0 where the mask is 0)
     finished: np.ndarray  # [R] bool, emitted a stop token
     texts: list[str]  # assistant_prefix + decoded completion (special tokens skipped)
-    examples: list[dict]  # each row's example, plus "completion_length" (its token count)
+    examples: list[dict]  # each row's example, plus "completion_length" (its token count) and "completion_ids"
     scores: np.ndarray | None  # [R] float32 weighted reward total, a missing value counting 0 (None without rewards)
     row_mask: np.ndarray | None  # [R] bool, False where a reward function failed (None without rewards)
     per_function: dict[str, np.ndarray]  # reward name -> [R] float64 unweighted values, NaN = failed
@@ -259,7 +259,7 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     Prompts dropped by ``fmt.too_long="filter"`` have no rows (counted in ``num_dropped``). The
     same ``key`` gives the same tokens; ``key`` is passed to the sampler as it is.
     Each row's example gets ``"completion_length"`` (tokens, the stop token included) for
-    length-aware rewards. Without ``rewards``: ``scores`` and ``row_mask`` are None.
+    length-aware rewards and ``"completion_ids"`` (those tokens, a list of ints) for TRL-style rewards. Without ``rewards``: ``scores`` and ``row_mask`` are None.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -278,7 +278,9 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     lengths = mask.sum(-1)
     texts = [fmt.assistant_prefix + tokenizer.decode(tokens[i, : lengths[i]], skip_special_tokens=True)
              for i in range(R)]
-    row_examples = [dict(ex, completion_length=int(lengths[i * repeats + j]))
+    # completion_ids (the stop token included, as TRL passes them) for TRL-style `python` rewards
+    row_examples = [dict(ex, completion_length=int(lengths[i * repeats + j]),
+                         completion_ids=tokens[i * repeats + j, : lengths[i * repeats + j]].tolist())
                     for i, ex in enumerate(examples) for j in range(repeats)]
     scores = row_mask = None
     per_function: dict[str, np.ndarray] = {}

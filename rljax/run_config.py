@@ -123,6 +123,9 @@ class TrainSection:
     samples_every: Optional[int] = 5  # write training samples every this many steps; null = never
     tensorboard: bool = False
     progress: bool = True
+    # at the end, write RUN_DIR/model (a Hugging Face directory, LoRA merged) and, for a LoRA run,
+    # RUN_DIR/adapter (a PEFT adapter): rljax.training.export
+    save_model: bool = True
 
     def validate(self) -> None:
         check_range(self, "steps", low=1)

@@ -49,10 +49,10 @@ def _cfg(tiny_dir, pairs_path, run_dir, *, steps=12, offline="", model="", micro
     return from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir} {model}}}
 data: {{task: "", path: {pairs_path}, eval_size: 32, max_prompt_length: 64, eval_fraction: 0.2}}
-algorithm: {{name: dpo, batch_size: 16, micro_batch_size: {micro}, max_completion_length: 16, beta: 0.5,
-            save_model: {save} {offline}}}
+algorithm: {{name: dpo, batch_size: 16, micro_batch_size: {micro}, max_completion_length: 16, beta: 0.5
+            {offline}}}
 optim: {{learning_rate: 3.0e-3}}
-train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
+train: {{steps: {steps}, run_dir: {run_dir}, progress: false, save_model: {save}}}
 """)
 
 

@@ -42,9 +42,9 @@ def _cfg(tiny_dir, records_path, run_dir, *, steps=16, offline=""):
 model: {{name: {tiny_dir}}}
 data: {{task: "", path: {records_path}, eval_size: 48, max_prompt_length: 64, eval_fraction: 0.2}}
 algorithm: {{name: records, batch_size: 16, max_completion_length: 16, score_column: reward,
-            temperature: 0.2, score_threshold: 0.5, save_model: false {offline}}}
+            temperature: 0.2, score_threshold: 0.5 {offline}}}
 optim: {{learning_rate: 3.0e-3}}
-train: {{steps: {steps}, run_dir: {run_dir}, progress: false}}
+train: {{steps: {steps}, run_dir: {run_dir}, progress: false, save_model: false}}
 """)
 
 

@@ -76,7 +76,7 @@ def test_reward_model_beats_chance_on_heldout_pairs_and_scores_rollouts(tiny_dir
 
 def test_kwise_reward_model_ranks_heldout_lists(tiny_dir, data_dir, tmp_path):
     cfg = _cfg(tiny_dir, data_dir / "ranked.jsonl", tmp_path, steps=12,
-               offline=", rm_loss: kwise, save_model: false")
+               offline=", rm_loss: kwise")
     summary = OfflineTrainer(cfg).fit()
     after = summary["after"]
     # accuracy over all C(3, 2) pairs of each held-out list; chance is 0.5

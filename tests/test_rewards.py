@@ -117,6 +117,22 @@ def test_answer_reward_fallback_to_last_number_and_list_of_golds():
     np.testing.assert_array_equal(loose(completions, examples), [1.0, 0.0, 1.0])
 
 
+def test_a_boxed_latex_answer_without_tags_is_checked_by_math_verify_not_its_last_number():
+    # before: "\\boxed{\\frac{1}{2}}" scored by its last number, "2" (right against "2", wrong against "1/2")
+    boxed = "So the answer is \\boxed{\\frac{1}{2}}."
+    assert extract_answer(boxed, require_tag=False) == "\\frac{1}{2}"
+    assert extract_answer("\\boxed{x^{2}} and \\boxed{\\sqrt{4}} is 2", require_tag=False) == "\\sqrt{4}"
+    assert extract_answer("unclosed \\boxed{\\frac{1}{2} so 3", require_tag=False) == "3"  # falls back
+    assert extract_answer(boxed, require_tag=True) is None  # a required tag stays required
+    golds = [{"answer": "1/2"}, {"answer": "0.5"}, {"answer": "2"}]
+    assert [answer_score(boxed, g, require_tag=False) for g in golds] == [1.0, 1.0, 0.0]
+    loose = make_answer_reward(require_tag=False)  # the bounded path: math-verify in a worker
+    np.testing.assert_array_equal(loose([boxed] * 3, golds), [1.0, 1.0, 0.0])
+    # plain numbers are unchanged: the last number, compared exactly
+    np.testing.assert_array_equal(loose(["12+35 = 47", "it is 0.50", "2 then 3"], [EX47, golds[0], golds[2]]),
+                                  [1.0, 1.0, 0.0])
+
+
 def test_answer_reward_rejects_fractional_timeout():
     with pytest.raises(ValueError, match="timeout_seconds"):
         make_answer_reward(timeout_seconds=0.5)
@@ -356,7 +372,7 @@ def test_combine_errors_name_the_function():
 
 def test_registered_names():
     assert {"answer", "format", "answer_tag_format", "sentiment", "length", "overlong",
-            "countdown", "reasoning_gym"} <= set(registered_rewards())
+            "countdown", "reasoning_gym", "python"} <= set(registered_rewards())
 
 
 def test_build_rewards_from_config_mapping():

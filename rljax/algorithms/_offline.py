@@ -29,7 +29,6 @@ class OfflineSettings:
     append_eos: bool = True  # end each completion with the tokenizer's EOS (the model learns to stop)
     # a row that lacks a column, has an empty completion or chosen == rejected
     invalid_rows: Literal["error", "drop"] = "error"  # drop: counted (data/dropped_*) and skipped
-    save_model: bool = True  # write RUN_DIR/model (a Hugging Face directory, LoRA merged)
 
     @property
     def num_micro(self) -> int:

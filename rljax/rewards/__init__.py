@@ -15,6 +15,7 @@ from rljax.rewards.base import (
     reward_metrics,
 )
 from rljax.rewards.learned import make_reward_model_reward
+from rljax.rewards.python_fn import load_function, make_python_reward, trl_reward_kwargs
 from rljax.rewards.sentiment import make_sentiment_reward, sentiment_scores
 from rljax.rewards.shaping import (
     make_length_reward,
@@ -39,7 +40,8 @@ from rljax.rewards.verifiers import (
 __all__ = [
     "RewardFn", "RewardOutput", "RewardSet", "build_reward", "build_rewards", "call_reward",
     "combine", "per_sample", "register_reward", "registered_rewards", "reward_metrics",
-    "make_reward_model_reward", "make_sentiment_reward", "sentiment_scores", "make_length_reward", "make_overlong_reward",
+    "make_reward_model_reward", "load_function", "make_python_reward", "trl_reward_kwargs",
+    "make_sentiment_reward", "sentiment_scores", "make_length_reward", "make_overlong_reward",
     "soft_overlong_punishment", "answer_score", "answers_match", "countdown_score",
     "extract_answer", "extract_tag", "has_answer_tag", "make_answer_reward",
     "make_answer_tag_format_reward", "make_countdown_reward", "make_format_reward",

@@ -101,6 +101,8 @@ def call_reward(name: str, fn: RewardFn, completions: Sequence[str],
     """Call one reward function and check its output: float64 `[N]`, or a clear error naming it."""
     try:
         values = fn(completions, examples)
+    except UserError:  # bad input the function itself named (e.g. a `python` reward's config): say it as is
+        raise
     except Exception as exc:
         raise RuntimeError(
             f"reward function {name!r} failed for the whole batch of {len(completions)}: "
@@ -292,8 +294,12 @@ def registered_rewards() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def build_reward(name: str, options: Mapping[str, Any] | None = None, **context: Any) -> RewardFn:
-    """Construct one registered reward function by name."""
+def build_reward(name: str, options: Mapping[str, Any] | None = None, *, config_key: str | None = None,
+                 **context: Any) -> RewardFn:
+    """Construct one registered reward function by name.
+
+    `config_key`: the entry's key under `rewards` in the config; given to a constructor whose
+    signature names `config_key` (only), so that its errors can name `rewards.<key>`."""
     if name not in _REGISTRY:
         raise UserError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
     constructor = _REGISTRY[name]
@@ -310,6 +316,8 @@ def build_reward(name: str, options: Mapping[str, Any] | None = None, **context:
                 f"accepted: {', '.join(accepted) if accepted else '(none)'}"
             )
     kwargs = {k: v for k, v in context.items() if takes_kwargs or k in accepted}
+    if "config_key" in params and config_key is not None:
+        kwargs["config_key"] = config_key
     kwargs.update(options)
     fn = constructor(**kwargs)
     if not callable(fn):
@@ -327,6 +335,7 @@ def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], **context: Any)
           answer: 1.0
           format: {weight: 0.2, think_prefilled: true}
           long_penalty: {type: length, weight: -0.001, unit: chars}
+          accuracy: {type: python, function: "my_rewards:accuracy_reward"}  # a TRL-style function
 
     A mapping without `weight` gets weight 1.0. `context` is offered to every constructor
     (see `register_reward`).
@@ -342,5 +351,5 @@ def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], **context: Any)
         else:
             options, weight, kind = {}, value, key
         weight = _check_weight(key, weight)
-        entries[key] = (weight, build_reward(kind, options, **context))
+        entries[key] = (weight, build_reward(kind, options, config_key=key, **context))
     return RewardSet(entries)

@@ -80,12 +80,33 @@ def last_number(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
+def last_boxed(text: str) -> str | None:
+    """The contents of the last `\\boxed{...}` in `text` (braces balanced, so `\\boxed{\\frac{1}{2}}`
+    gives `\\frac{1}{2}`), stripped; None if there is none or it is never closed. Linear time."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    begin = start + len("\\boxed{")
+    depth = 1
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i].strip()
+    return None
+
+
 def extract_answer(text: str, *, tag: str = "answer", require_tag: bool = True) -> str | None:
-    """The answer a completion gives: the last `<answer>...</answer>`; with `require_tag=False`,
-    the last number in the text when there is no tag."""
+    """The answer a completion gives: the last `<answer>...</answer>`; with `require_tag=False` and
+    no tag, the contents of the last `\\boxed{...}` (LaTeX, which the answer check reads with
+    math-verify: `\\boxed{\\frac{1}{2}}` is 1/2, not its last number 2), else the last number in the text."""
     answer = extract_tag(text, tag)
     if answer is None and not require_tag:
-        answer = last_number(text)
+        answer = last_boxed(text)
+        if answer is None:
+            answer = last_number(text)
     return answer
 
 
@@ -651,7 +672,7 @@ register_reward("countdown", make_countdown_reward)
 register_reward("reasoning_gym", make_reasoning_gym_reward)
 
 __all__ = [
-    "extract_tag", "extract_answer", "last_number", "normalize_answer", "as_plain_number",
+    "extract_tag", "extract_answer", "last_boxed", "last_number", "normalize_answer", "as_plain_number",
     "answers_match", "answer_score", "make_answer_reward", "think_answer_format", "has_answer_tag",
     "make_format_reward", "make_answer_tag_format_reward", "countdown_problem", "evaluate_arithmetic",
     "countdown_score", "make_countdown_reward", "make_reasoning_gym_reward",

@@ -10,17 +10,16 @@ reference log-probs (cached once before training unless ``precompute_ref_logprob
 :func:`offline_update` (``rljax.update.apply_update`` with the algorithm's loss and the batch's
 global totals). Evaluation scores every held-out completion without gradient and hands the scores
 to the algorithm's ``evaluate`` (the training objective's own functions). The run directory holds
-``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` and ``model/`` (a Hugging
-Face directory; a value-head model adds ``value_head.safetensors`` and ``rljax_reward_model.json``,
-which the ``reward_model`` reward reads).
+``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` and (``train.save_model``)
+``model/`` and, for LoRA, ``adapter/`` (``rljax.training.export``; a reward model's directory also
+holds ``value_head.safetensors`` and ``rljax_reward_model.json``, which the ``reward_model`` reward
+reads).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import time
 from typing import Any
 
@@ -35,11 +34,9 @@ from rljax.data.prompts import format_prompt
 from rljax.run_config import RunConfig
 from rljax.training import loop
 from rljax.training.data import offline_rows
+from rljax.training.export import export_run
 from rljax.training.run import build_run
 from rljax.update import apply_update, optimizer_for, raise_if_nonfinite
-
-REWARD_MODEL_META = "rljax_reward_model.json"
-
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "num_micro"),
                    donate_argnames=("params", "opt_state"))
@@ -220,25 +217,8 @@ class OfflineTrainer:
     def on_end(self, summary: dict) -> None:
         summary["data"] = {"train_rows": len(self.train_set), "eval_rows": len(self.eval_set), **self.data_counts}
         summary["ref_cache_seconds"] = round(self.ref_seconds, 2)
-        if self.cfg.algorithm.save_model:
-            summary["model_dir"] = self.export()
-
-    def export(self, directory: str | None = None) -> str:
-        """Write the trained model as a Hugging Face directory (LoRA merged; value head included, with
-        the prompt format a reward model was trained with)."""
-        from rljax.models.hf_io import save_hf_dir
-
-        cfg = self.cfg
-        directory = directory or os.path.join(cfg.train.run_dir, "model")
-        save_hf_dir(directory, self.run.policy.model(), self.run.tokenizer)
-        if self.algorithm.value_head:
-            d, a = cfg.data, cfg.algorithm
-            meta = {"chat": d.chat, "system_prompt": d.system_prompt, "assistant_prefix": d.assistant_prefix,
-                    "max_prompt_length": d.max_prompt_length, "max_completion_length": a.max_completion_length,
-                    "append_eos": a.append_eos, "trained_steps": self.run.step, "base_model": cfg.model.name}
-            with open(os.path.join(directory, REWARD_MODEL_META), "w") as f:
-                json.dump(meta, f, indent=2)
-        return directory
+        if self.cfg.train.save_model:
+            summary.update(export_run(self.run, self.cfg.train.run_dir))
 
 
-__all__ = ["OfflineTrainer", "REWARD_MODEL_META", "offline_update", "score_batch"]
+__all__ = ["OfflineTrainer", "offline_update", "score_batch"]

@@ -40,6 +40,7 @@ from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampl
 from rljax.run_config import RunConfig
 from rljax.training import loop
 from rljax.training.data import online_examples
+from rljax.training.export import export_run
 from rljax.training.run import build_run
 from rljax.update import apply_update, raise_if_nonfinite
 
@@ -323,7 +324,8 @@ class OnlineTrainer:
                     f.write(json.dumps(row) + "\n")
 
     def on_end(self, summary: dict) -> None:
-        pass
+        if self.cfg.train.save_model:
+            summary.update(export_run(self.run, self.cfg.train.run_dir))
 
 
 def _check_enough_prompts(n: int, counts: dict, cfg: RunConfig) -> None:

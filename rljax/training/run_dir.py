@@ -56,6 +56,8 @@ RESUMABLE_KEYS = (
     "train.samples_every",
     "train.tensorboard",
     "train.progress",
+    "train.save_model",  # whether the end writes RUN_DIR/model (was algorithm.save_model: older checkpoints)
+    "algorithm.save_model",
     "train.run_dir",  # the directory was moved
 )
 """Dotted config keys (``fnmatch`` patterns) a resume may change: they do not change what is trained."""
@@ -63,7 +65,7 @@ RESUMABLE_KEYS = (
 RUN_FILES = ("config.yaml", "config.yaml.tmp", "metrics.jsonl", "samples.jsonl", "summary.json", "eval_samples_step*.jsonl")
 """The files rljax writes in a run directory (``fnmatch`` patterns); ``--overwrite`` deletes these."""
 
-RUN_DIRS = ("checkpoints", "tensorboard", "model")
+RUN_DIRS = ("checkpoints", "tensorboard", "model", "adapter")
 """The folders rljax writes in a run directory; ``--overwrite`` deletes these."""
 
 

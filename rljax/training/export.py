@@ -1,0 +1,85 @@
+"""A model out of every run: the end of ``fit`` and ``rljax export`` write the same directories.
+
+    export_run(run, run.cfg.train.run_dir)            # what a run writes at its end (train.save_model)
+    export_run(restore_run(RUN_DIR, step=1), OUT)     # rljax export RUN_DIR --step 1 OUT
+
+``OUT/model`` is a Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files;
+LoRA merged into the weights) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads with
+rljax's logits. A model with a value head (PPO's shared head, a reward model) adds
+``value_head.safetensors`` there, and a reward model ``rljax_reward_model.json`` (the prompt format
+it was trained with, which the ``reward_model`` reward reads). A LoRA run also writes
+``OUT/adapter``: a PEFT adapter (``adapter_config.json``, ``adapter_model.safetensors``) for
+``peft.PeftModel.from_pretrained(base, OUT/adapter)`` (``rljax.models.peft_io``). PPO's separate
+critic is not exported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from rljax.algorithms import get as get_algorithm
+from rljax.config import load_config
+from rljax.errors import MissingFileError
+from rljax.models.hf_io import save_hf_dir
+from rljax.models.peft_io import save_peft_adapter
+from rljax.run_config import RunConfig
+from rljax.training.run import Run, build_run
+
+REWARD_MODEL_META = "rljax_reward_model.json"
+
+
+def _is_reward_model(cfg: RunConfig) -> bool:
+    algo = get_algorithm(cfg.algorithm.name)
+    return not algo.online and bool(algo.value_head)
+
+
+def export_model(run: Run, directory: str) -> str:
+    """Write the run's policy as a Hugging Face directory (LoRA merged; value head and, for a reward
+    model, its prompt format included); returns ``directory``."""
+    cfg = run.cfg
+    save_hf_dir(directory, run.policy.model(), run.tokenizer)
+    if _is_reward_model(cfg):
+        d, a = cfg.data, cfg.algorithm
+        meta = {"chat": d.chat, "system_prompt": d.system_prompt, "assistant_prefix": d.assistant_prefix,
+                "max_prompt_length": d.max_prompt_length, "max_completion_length": a.max_completion_length,
+                "append_eos": a.append_eos, "trained_steps": run.step, "base_model": cfg.model.name}
+        with open(os.path.join(directory, REWARD_MODEL_META), "w") as f:
+            json.dump(meta, f, indent=2)
+    return directory
+
+
+def export_run(run: Run, out: str) -> dict[str, str]:
+    """Write ``out/model`` (:func:`export_model`) and, for a LoRA run, ``out/adapter`` (a PEFT
+    adapter); returns ``{"model_dir": ..., "adapter_dir": ...}`` (the latter only for LoRA)."""
+    written = {"model_dir": export_model(run, os.path.join(out, "model"))}
+    if run.cfg.model.lora_rank:
+        adapter = os.path.join(out, "adapter")
+        save_peft_adapter(adapter, run.policy.model(), lora_alpha=run.cfg.model.lora_alpha, base_model=run.cfg.model.name)
+        written["adapter_dir"] = adapter
+    return written
+
+
+def restore_run(run_dir: str, step: int | None = None) -> Run:
+    """The run in ``run_dir`` (its ``config.yaml``) at checkpoint ``step`` (default: the latest),
+    read-only: no lock is taken and the checkpoints are opened read-only, so a run still training
+    there is not disturbed."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{run_dir} is not a run directory: it has no config.yaml")
+    cfg = load_config(RunConfig, path, [f"train.run_dir={run_dir}"])  # the directory may have moved
+    algo, a = get_algorithm(cfg.algorithm.name), cfg.algorithm
+    if algo.online:
+        head = algo.value_head(a)
+        critic = (a.critic_model or cfg.model.name) if head == "separate" else None  # checkpoints hold it
+        value_head, updates = head == "shared", cfg.train.steps * a.num_iterations * a.mini_batches
+    else:
+        value_head, critic, updates = bool(algo.value_head), None, cfg.train.steps
+    try:
+        return build_run(cfg, value_head=value_head, total_updates=updates, critic=critic, resume=True,
+                         resume_step=step, write_config=False)
+    except FileNotFoundError as err:  # no checkpoint at step N: a user's mistake, named in one line
+        raise MissingFileError(str(err)) from None
+
+
+__all__ = ["REWARD_MODEL_META", "export_model", "export_run", "restore_run"]
