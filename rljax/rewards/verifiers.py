@@ -409,20 +409,26 @@ def make_answer_reward(
                 pending.append((i, prediction.strip(), tuple(g.strip() for g, v in zip(golds, verdicts) if v is None)))
         if pending:
             outcomes = pool().map(_math_verify_any, [(p, g, alarm) for _, p, g in pending])
-            for (i, _, _), outcome in zip(pending, outcomes):
-                if outcome.reason is None:
-                    out[i] = float(outcome.value)
-                elif outcome.reason == "error":
-                    out[i] = np.nan
-                    errors.append((i, outcome.error))
-                else:
-                    answer.bound_hits[outcome.reason] += 1  # scored 0.0
+            _record_outcomes([i for i, *_ in pending], outcomes, out, errors, answer.bound_hits)
         _warn_errors("answer", errors, len(completions))
         return out
 
     answer.reward_name = "answer"  # type: ignore[attr-defined]
     answer.bound_hits = Counter()  # type: ignore[attr-defined]
     return answer
+
+
+def _record_outcomes(rows: list[int], outcomes, out: np.ndarray, errors: list, bound_hits: Counter) -> None:
+    """Write a bounded pool's outcomes into ``out`` at ``rows``: the value; NaN (missing) for a scorer
+    that raised, noted in ``errors``; 0.0 for a bound hit, counted in ``bound_hits`` by reason."""
+    for i, outcome in zip(rows, outcomes):
+        if outcome.reason is None:
+            out[i] = float(outcome.value)
+        elif outcome.reason == "error":
+            out[i] = np.nan
+            errors.append((i, outcome.error))
+        else:
+            bound_hits[outcome.reason] += 1  # out[i] stays 0.0
 
 
 def _bounded_pool(name: str, preload: tuple[str, ...], options: Mapping[str, Any]):
@@ -644,14 +650,7 @@ def make_reasoning_gym_reward(
             pending.append((i, name, answer, entry))
         if pending:
             outcomes = pool().map(_reasoning_gym_score, [(name, a, e) for _, name, a, e in pending])
-            for (i, *_), outcome in zip(pending, outcomes):
-                if outcome.reason is None:
-                    out[i] = outcome.value
-                elif outcome.reason == "error":
-                    out[i] = np.nan
-                    errors.append((i, outcome.error))
-                else:
-                    reasoning_gym.bound_hits[outcome.reason] += 1  # scored 0.0
+            _record_outcomes([i for i, *_ in pending], outcomes, out, errors, reasoning_gym.bound_hits)
         _warn_errors("reasoning_gym", errors, len(completions))
         return out
 
