@@ -58,7 +58,9 @@ Writing a schema:
 Every user mistake -- an unknown key, a value of the wrong type, a value outside a ``Literal``, a
 missing mandatory (``???``) value, a failed ``validate()`` -- raises :class:`ConfigError` naming the
 full dotted key (``model.rope_scaling.factor``, ``optimizers[0].lr``), what was expected, and the
-YAML file or override it came from.
+YAML file or override it came from. A schema class may name keys it no longer holds,
+``__moved_keys__ = {"save_model": "train.save_model"}``: the unknown-key error then says where the
+key went.
 """
 
 from __future__ import annotations
@@ -447,6 +449,9 @@ def _unknown_key(
     cls: type, names: list[str], key: Any, path: str, union: Mapping[str, type] | None
 ) -> str:
     reason = f"unknown key for {cls.__name__} (known keys: {', '.join(names)})"
+    moved = getattr(cls, "__moved_keys__", {}).get(key)
+    if moved:  # a key an earlier rljax had here: name its new place rather than guess a spelling
+        return f"{reason}; {key!r} moved to {moved!r}"
     owners = [
         tag
         for tag, member in (union or {}).items()

@@ -396,3 +396,13 @@ def test_union_without_default_must_be_chosen():
     assert info.value.reason == "missing mandatory value; choose one of [grpo, ppo]"
     cfg = load_config(MandatoryAlgorithm, None, ["algorithm.name=ppo"])
     assert cfg == MandatoryAlgorithm(algorithm=PPOSection())
+
+
+def test_a_key_that_moved_out_of_the_algorithm_section_names_its_new_place():
+    # algorithm.save_model (offline runs, before every run wrote a model) is train.save_model now
+    from rljax.run_config import RunConfig
+
+    with pytest.raises(ConfigError) as err:
+        from_yaml(RunConfig, "algorithm: {name: dpo, save_model: true}\n")
+    assert err.value.key == "algorithm.save_model"
+    assert err.value.reason.endswith("'save_model' moved to 'train.save_model'")

@@ -20,6 +20,9 @@ from rljax.logprobs import completion_logprobs
 class OfflineSettings:
     """Batches, passes and completion handling of every offline algorithm."""
 
+    # keys that moved out of this section (rljax/config.py names the new place in the error)
+    __moved_keys__ = {"save_model": "train.save_model"}
+
     batch_size: int = 8  # pairs / ranked lists / records per optimizer step
     micro_batch_size: Optional[int] = None  # rows per forward/backward; null = the whole batch
     epochs: Optional[float] = None  # train this many passes over the train split (null: train.steps)
