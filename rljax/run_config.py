@@ -36,9 +36,13 @@ class ModelSection:
     # true: training and scoring passes loop over the layers (lax.scan) instead of unrolling them;
     # compiles faster for deep models, ran the CPU update ~10% slower (rljax/models/transformer.py)
     scan_layers: bool = False
+    # training and scoring passes compute completion log-probs / entropies this many tokens at a time,
+    # so [B, N, V] logits are never held at once (rljax/logprobs.py chunked_logprobs); null = all at once
+    logits_chunk: Optional[int] = None
 
     def validate(self) -> None:
         check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
+        check_range(self, "logits_chunk", low=1, note="(null = all positions at once)")
         check_range(self, "lora_alpha", low=0, low_open=True)
 
 

@@ -176,6 +176,8 @@ class Transformer(nnx.Module):
         self.lora_scale = lora_alpha / lora_rank if lora_rank else 0.0
         self.dtype = dtype
         self.scan_layers = scan_layers  # static: a rolled layer loop in forward without a cache
+        # static: completion log-probs over this many positions at a time (rljax.logprobs); None = all at once
+        self.logits_chunk: int | None = None
         c = config
         L, D, H, KVH, hd, F, V = (
             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,

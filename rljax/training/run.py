@@ -220,9 +220,8 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     if cfg.model.lora_rank:
         model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                          targets=cfg.model.lora_targets, seed=cfg.train.seed)
-        policy = _train_state(model, optimizer, trainable=lora_trainable())
-    else:
-        policy = _train_state(model, optimizer, trainable=nnx.Param)
+    model.logits_chunk = cfg.model.logits_chunk  # static execution setting (rljax.logprobs), before the split
+    policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param)
     ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
     critic_state = None
     if critic is not None:
