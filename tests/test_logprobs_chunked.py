@@ -95,16 +95,17 @@ def test_the_gradient_holds_one_chunk_of_logits_not_all_of_them():
     assert temp_bytes(chunked) < 0.75 * logits_bytes  # measured: 0.52x (8.7 MB); one chunk's logits are 1/8
 
 
-def test_build_run_puts_the_setting_on_the_policy(tmp_path):
+def test_build_run_puts_the_execution_settings_on_the_policy(tmp_path):
     model_dir = make_tiny_model_dir(tmp_path / "model")
     cfg = from_yaml(RunConfig, f"""
-model: {{name: {model_dir}, lora_rank: 2, logits_chunk: 16}}
+model: {{name: {model_dir}, lora_rank: 2, logits_chunk: 16, remat: block}}
 train: {{run_dir: {tmp_path / 'run'}, progress: false}}
 rewards: {{format: 1.0}}
 """)
     run = build_run(cfg, value_head=False, total_updates=1)
     try:
-        assert run.policy.model().logits_chunk == 16
+        model = run.policy.model()
+        assert (model.logits_chunk, model.remat) == (16, "block")
     finally:
         run.close()
     with pytest.raises(ConfigError, match="model.logits_chunk"):

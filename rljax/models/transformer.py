@@ -39,6 +39,17 @@ _RESIDUAL = ("batch", "length", "act_embed")
 # Projections LoRA can adapt, with their input and output axes (d model, n heads, k kv heads,
 # h head dim, f MLP width).
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+# Rematerialisation of the transformer blocks in training and scoring passes (``Transformer.remat``,
+# config ``model.remat``): what the backward pass keeps of each block's forward pass. "none" keeps
+# every intermediate; "block" keeps only each block's input and recomputes the rest (the least
+# memory, one more forward pass of compute); "dots" also keeps the outputs of matmuls without batch
+# dimensions (the weight projections), so only the cheap elementwise work and attention are redone.
+REMAT_POLICIES = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 _LORA_SPECS = {
     "wq": ("d", "nh"), "wk": ("d", "kh"), "wv": ("d", "kh"), "wo": ("nh", "d"),
     "w_gate": ("d", "f"), "w_up": ("d", "f"), "w_down": ("f", "d"),
@@ -178,6 +189,8 @@ class Transformer(nnx.Module):
         self.scan_layers = scan_layers  # static: a rolled layer loop in forward without a cache
         # static: completion log-probs over this many positions at a time (rljax.logprobs); None = all at once
         self.logits_chunk: int | None = None
+        # static: rematerialisation of the blocks in passes without a cache (REMAT_POLICIES)
+        self.remat: str = "none"
         c = config
         L, D, H, KVH, hd, F, V = (
             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
@@ -267,8 +280,14 @@ class Transformer(nnx.Module):
         if cache is None:
             key_mask = attention_mask
             query_slots = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+            block = lambda h, lp: self._block(h, lp, positions, None, None, key_mask, query_slots, 0)[0]  # noqa: E731
+            if self.remat != "none":
+                # the backward pass recomputes each block from its input, keeping only what the policy
+                # saves. Unrolled, XLA would merge the recomputation with the forward pass (CSE) and
+                # save nothing; a rolled loop cannot, and prevent_cse there only costs speed.
+                block = jax.checkpoint(block, policy=REMAT_POLICIES[self.remat], prevent_cse=not self.scan_layers)
             hidden, _ = jax.lax.scan(
-                lambda h, lp: (self._block(h, lp, positions, None, None, key_mask, query_slots, 0)[0], None),
+                lambda h, lp: (block(h, lp), None),
                 x,
                 layers,
                 unroll=1 if self.scan_layers else self.config.num_layers,

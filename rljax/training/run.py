@@ -220,7 +220,8 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     if cfg.model.lora_rank:
         model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                          targets=cfg.model.lora_targets, seed=cfg.train.seed)
-    model.logits_chunk = cfg.model.logits_chunk  # static execution setting (rljax.logprobs), before the split
+    # static execution settings (rljax.logprobs, Transformer.forward), set before the split
+    model.logits_chunk, model.remat = cfg.model.logits_chunk, cfg.model.remat
     policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param)
     ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
     critic_state = None
@@ -233,6 +234,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
                              "the critic reads the policy's tokens, so they must match")
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
+        critic_model.remat = cfg.model.remat
         critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param)
     # read-only (rljax eval --checkpoint): it must not delete the temporary directory of a save that
     # a training process still writing the run has in flight
