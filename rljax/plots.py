@@ -10,7 +10,7 @@ keys; whatever exists is shown), in this order:
 * the KL to the reference (``kl``, else ``kl/mean``), the policy's entropy (``entropy``, else
   ``policy/entropy``), the completion length (``completions/mean_length``, else
   ``completion/mean_length``), ``loss``, ``grad_norm``;
-* offline runs' training accuracies and margins (keys ending in ``accuracy`` or ``margins``).
+* offline runs' training accuracies and margins (keys ending in ``accuracy``, ``margin`` or ``margins``).
 
 x is the step; a run is one colour in every panel, labelled by its directory's name. Reads files
 only (no training imports); matplotlib is imported when a plot is drawn, with no pyplot and so no
@@ -57,7 +57,7 @@ def plot_keys(records_per_run: Sequence[Sequence[dict[str, Any]]]) -> list[tuple
     held_out = [k for k in keys if k.startswith("eval/") and not k.endswith("/missing") and "/bound" not in k]
     panels = [(k, (k,)) for k in rewards + held_out]
     panels += [(title, options) for title, options in _FIXED_PANELS if any(k in seen for k in options)]
-    offline = [k for k in keys if not k.startswith(("eval/", "reward/")) and k.endswith(("accuracy", "margins"))]
+    offline = [k for k in keys if not k.startswith(("eval/", "reward/")) and k.endswith(("accuracy", "margin", "margins"))]
     panels += [(k, (k,)) for k in offline]
     return panels
 

@@ -72,3 +72,25 @@ def test_a_function_that_scored_at_most_one_row():
 def test_rows_not_in_whole_groups_are_refused():
     with pytest.raises(ValueError, match="multiple of group_size 4"):
         _metrics(group_size=4)
+
+
+def test_reward_kl_is_the_mean_of_the_estimate_over_counted_tokens():
+    # the KL PPO / RLOO / REINFORCE++ put in the reward, as `kl`: log π_old − log π_ref per token
+    # (k1) over the loss mask's tokens only: row 0 [0.5, −0.25], row 1's first token 1.0 (its second,
+    # not counted, would add −12): mean (0.5 − 0.25 + 1.0) / 3
+    import jax.numpy as jnp
+
+    from rljax.batches import RolloutBatch
+    from rljax.training.online import reward_kl
+
+    old = jnp.asarray([[-1.0, -2.0], [-0.5, -3.0]])
+    ref = jnp.asarray([[-1.5, -1.75], [-1.5, 9.0]])
+    ones = jnp.ones((2, 2), jnp.int32)
+    batch = RolloutBatch(prompt_ids=ones, prompt_mask=ones, completion_ids=ones, completion_mask=ones,
+                         loss_mask=jnp.asarray([[1, 1], [1, 0]], jnp.int32), old_logprobs=old,
+                         scores=jnp.zeros(2), row_mask=jnp.ones(2, bool), finished=jnp.ones(2, bool),
+                         ref_logprobs=ref)
+    np.testing.assert_allclose(reward_kl(batch, estimator="k1"), 1.25 / 3, rtol=1e-6)
+    # k3 = exp(d) − d − 1 with d = ref − old: [e^−0.5 − 0.5, e^0.25 − 1.25, e^−1 + 0]
+    k3 = (math.exp(-0.5) - 0.5 + math.exp(0.25) - 1.25 + math.exp(-1.0)) / 3
+    np.testing.assert_allclose(reward_kl(batch, estimator="k3"), k3, rtol=1e-6)

@@ -49,10 +49,10 @@ def test_panels_are_the_keys_that_exist():
         ("completion length (tokens)", ("completions/mean_length", "completion/mean_length")),
         ("loss", ("loss",))]
     # an offline (DPO) run: its loss, accuracy and held-out keys
-    dpo = [{"step": 1, "loss": 0.7, "grad_norm": 1.0, "rewards/accuracy": 0.5, "rewards/margins": 0.1},
+    dpo = [{"step": 1, "loss": 0.7, "grad_norm": 1.0, "rewards/accuracy": 0.5, "rewards/margin": 0.1},
            {"step": 1, "eval/loss": 0.6, "eval/rewards/accuracy": 0.6}]
     assert [title for title, _ in plot_keys([dpo])] == ["eval/loss", "eval/rewards/accuracy", "loss", "grad norm",
-                                                          "rewards/accuracy", "rewards/margins"]
+                                                          "rewards/accuracy", "rewards/margin"]
 
 
 def test_an_overlay_of_two_runs_is_a_png(tmp_path):

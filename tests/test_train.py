@@ -163,8 +163,11 @@ def test_a_separate_critics_value_loss_never_reaches_the_policy(tiny_dir, tmp_pa
     assert all(moved.values()), moved
 
 
-def test_same_seed_same_metrics(tiny_dir, tmp_path):
+def test_same_seed_same_metrics(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLJAX_PLOT", "1")  # an online run ends with RUN_DIR/curves.png (off in the suite)
     Trainer(_cfg(tiny_dir, tmp_path / "a", steps=3)).fit()
+    assert (tmp_path / "a" / "curves.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    monkeypatch.setenv("RLJAX_PLOT", "0")
     Trainer(_cfg(tiny_dir, tmp_path / "b", steps=3)).fit()
     strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time")} for m in ms]
     assert strip(_metrics(tmp_path / "a")) == strip(_metrics(tmp_path / "b"))
