@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs``."""
+"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot``."""
 
 from __future__ import annotations
 
@@ -232,6 +232,36 @@ def _export(args) -> int:
     return 0
 
 
+def _add_plot(sub) -> None:
+    p = sub.add_parser(
+        "plot",
+        help="draw a PNG of runs' main curves from their metrics.jsonl (several runs overlay)",
+        description="Draw the main curves of one or more runs from RUN_DIR/metrics.jsonl into one PNG: the "
+        "training reward of each function, every held-out metric (eval/*), the KL to the reference, entropy, "
+        "completion length, loss and grad norm (offline runs: their loss, accuracy and held-out keys), each "
+        "panel where some run logged it. Several run directories overlay, labelled by their names. Every "
+        "training run writes RUN_DIR/curves.png at its end (train.plot: false turns that off).",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (train.run_dir) to draw")
+    p.add_argument("--out", default=None, metavar="PNG",
+                   help="the PNG to write (default with one RUN_DIR: RUN_DIR/curves.png; with several, required)")
+    p.add_argument("--label", action="append", default=None, metavar="NAME",
+                   help="legend label of each RUN_DIR, in order (repeat once per RUN_DIR; default: the names)")
+    p.add_argument("--title", default=None, help="the figure's title")
+    p.set_defaults(func=_plot)
+
+
+def _plot(args) -> int:
+    from rljax.plots import CURVES_FILE, plot_runs
+
+    if args.out is None:
+        if len(args.run_dirs) > 1:
+            raise UserError(f"--out PNG is required with several run directories ({len(args.run_dirs)} given)")
+        args.out = os.path.join(args.run_dirs[0], CURVES_FILE)
+    print(plot_runs(args.run_dirs, args.out, labels=args.label, title=args.title))
+    return 0
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -380,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_pairs(sub)
+    _add_plot(sub)
     return parser
 
 

@@ -39,11 +39,9 @@ class NonFiniteLossError(RuntimeError):
         self.updates_applied = updates_applied
 
 
-def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping.
-
-    ``cfg`` is an ``rljax.run_config.OptimSection``; ``total_steps`` counts optimizer updates.
-    """
+def learning_rate_schedule(cfg, total_steps: int) -> optax.Schedule:
+    """The learning rate of update ``count + 1`` as a function of ``count`` (updates done): warm-up,
+    then constant / cosine / linear decay over ``total_steps`` updates (``make_optimizer``'s)."""
     lr = cfg.learning_rate
     decay_steps = max(total_steps - cfg.warmup_steps, 1)
     if cfg.schedule == "constant":
@@ -52,8 +50,16 @@ def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
         after = optax.cosine_decay_schedule(lr, decay_steps)
     else:
         after = optax.linear_schedule(lr, 0.0, decay_steps)
-    schedule = (optax.join_schedules([optax.linear_schedule(0.0, lr, cfg.warmup_steps), after], [cfg.warmup_steps])
-                if cfg.warmup_steps else after)
+    return (optax.join_schedules([optax.linear_schedule(0.0, lr, cfg.warmup_steps), after], [cfg.warmup_steps])
+            if cfg.warmup_steps else after)
+
+
+def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
+    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping.
+
+    ``cfg`` is an ``rljax.run_config.OptimSection``; ``total_steps`` counts optimizer updates.
+    """
+    schedule = learning_rate_schedule(cfg, total_steps)
     chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
     chain.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
     return optax.chain(*chain)
@@ -66,9 +72,15 @@ def optimizer_for(cfg, total_steps: int) -> optax.GradientTransformation:
     resumed run, a sweep, the tests) reuse one compiled update. A constant schedule without
     warm-up ignores the length.
     """
+    return _cached_optimizer(cfg, schedule_length(cfg, total_steps))
+
+
+def schedule_length(cfg, total_steps: int) -> int:
+    """The schedule length ``optimizer_for`` builds its optimizer with (at least the warm-up + 1;
+    one length for every constant schedule)."""
     if cfg.schedule == "constant":
-        total_steps = cfg.warmup_steps + 1
-    return _cached_optimizer(cfg, max(total_steps, cfg.warmup_steps + 1))
+        return cfg.warmup_steps + 1
+    return max(total_steps, cfg.warmup_steps + 1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -159,4 +171,5 @@ def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:
             f"grad_norm={metrics['grad_norm']}); the update was not applied"))
 
 
-__all__ = ["NonFiniteLossError", "apply_update", "make_optimizer", "optimizer_for", "raise_if_nonfinite"]
+__all__ = ["NonFiniteLossError", "apply_update", "learning_rate_schedule", "make_optimizer", "optimizer_for",
+           "raise_if_nonfinite", "schedule_length"]

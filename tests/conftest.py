@@ -8,6 +8,9 @@ switch); tests/test_host_memory.py checks them in subprocesses.
 import os
 
 os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
+# the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
+# run, over a hundred runs here; tests/test_plots.py turns it back on where it is what is tested
+os.environ.setdefault("RLJAX_PLOT", "0")
 
 import jax  # noqa: E402
 

@@ -65,8 +65,10 @@ def _strip(ms):
     return [{k: v for k, v in m.items() if not k.startswith("time") and k != "time"} for m in ms]
 
 
-def test_dpo_raises_heldout_preference_accuracy_and_margin(tiny_dir, pairs_path, tmp_path):
+def test_dpo_raises_heldout_preference_accuracy_and_margin(tiny_dir, pairs_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLJAX_PLOT", "1")  # an offline run ends with RUN_DIR/curves.png (off in the suite)
     summary = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path)).fit()
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     before, after = summary["before"], summary["after"]
     assert summary["data"]["eval_rows"] >= 16 and summary["data"]["train_rows"] >= 120
     # the policy starts as the reference: implicit rewards are exactly zero

@@ -59,6 +59,7 @@ def _mask24(m):
 #   row 1: ρ = [1.1, 0.9], A = [−1, 1]:  +1.1, −0.9   (inside the clip range)
 #   seq_mean_token_mean = ((−1.2 + 0.8 − 2)/3 + (1.1 − 0.9)/2) / 2 = (−0.8 + 0.1)/2 = −0.35
 #   token_mean          = (−2.4 + 0.2) / 5                                     = −0.44
+#   per row: low clipped 1/3 and 0, high clipped 1/3 and 0 -> low_seq_min 0, high_seq_max 1/3
 #   clip_frac_low = clip_frac_high = 1/5; ratio mean (1.5+0.5+1+1.1+0.9)/5 = 1, min 0.5, max 1.5
 #   approx_kl = mean((ρ−1) − log ρ) = (0.0945349 + 0.1931472 + 0 + 0.0046898 + 0.0053605)/5
 #             = 0.0595465
@@ -82,10 +83,22 @@ def test_hand_computed_token_level(use_jit):
     np.testing.assert_allclose(loss_tm, -0.44, rtol=1e-6)
     expect = {"policy/loss": -0.35, "policy/pg_loss": -0.35, "policy/clip_frac_low": 0.2,
               "policy/clip_frac_high": 0.2, "policy/ratio_mean": 1.0, "policy/ratio_min": 0.5,
-              "policy/ratio_max": 1.5, "policy/approx_kl": 0.0595465}
+              "policy/ratio_max": 1.5, "policy/approx_kl": 0.0595465,
+              "policy/clip_frac_low_seq_min": 0.0, "policy/clip_frac_high_seq_max": 1 / 3}
     assert set(m) == set(expect)
     for key, value in expect.items():
         np.testing.assert_allclose(m[key], value, rtol=1e-6, err_msg=key)
+
+
+@JIT
+def test_row_clip_fractions_leave_out_rows_without_tokens(use_jit):
+    # row 0: ρ = [0.5, 0.5, 1.5], A = [−1, −1, 1] -> low clipped 2/3, high clipped 1/3; row 1 has no
+    # valid token, so it is no row of the min / max (its 0 would otherwise be the low minimum)
+    lp, old, adv = _pad24([[LOG(0.5), LOG(0.5), LOG(1.5)]], [[0.0, 0.0, 0.0]], [[-1.0, -1.0, 1.0]])
+    fn = _maybe_jit(P.policy_gradient_loss, use_jit)
+    _, m = fn(lp, old, adv, _mask24([[1.0, 1.0, 1.0]]))
+    np.testing.assert_allclose([m["policy/clip_frac_low_seq_min"], m["policy/clip_frac_high_seq_max"]],
+                               [2 / 3, 1 / 3], rtol=1e-6)
 
 
 @JIT

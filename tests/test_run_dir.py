@@ -78,7 +78,7 @@ def test_what_counts_as_a_run_and_what_overwrite_deletes(tmp_path):
     with pytest.raises(RunDirError, match="--resume and --overwrite exclude each other"):
         check_fresh(tmp_path, resume=True, overwrite=True)
 
-    for name in ("samples.jsonl", "summary.json", "eval_samples_step2.jsonl", "notes.txt", LOCK_FILE):
+    for name in ("samples.jsonl", "summary.json", "eval_samples_step2.jsonl", "curves.png", "notes.txt", LOCK_FILE):
         (tmp_path / name).write_text("x")
     for folder in ("tensorboard", "model", "my_plots"):
         (tmp_path / folder).mkdir()

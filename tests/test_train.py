@@ -86,6 +86,37 @@ def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     assert summary["after"]["eval/lowercase"] > summary["before"]["eval/lowercase"] + 0.2, summary
     separate = ("critic/loss" in _metrics(tmp_path)[1]) and ("critic/grad_norm" in _metrics(tmp_path)[1])
     assert separate == ("separate" in extra)
+    _check_trl_metrics([m for m in _metrics(tmp_path) if "loss" in m], clipped="reinforce" not in extra)
+
+
+TRL_KEYS = ("learning_rate", "epoch", "num_tokens", "completions/mean_length", "completions/min_length",
+            "completions/max_length", "completions/clipped_ratio", "rewards/lowercase/mean", "rewards/lowercase/std",
+            "reward", "reward_std", "frac_reward_zero_std", "entropy", "kl")
+CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max",
+             "clip_ratio/region_mean")
+
+
+def _check_trl_metrics(steps, *, clipped):
+    """TRL GRPOTrainer's metrics in every training step's line (rljax.metrics_trl), with sane values."""
+    for m in steps:
+        missing = [k for k in TRL_KEYS + (CLIP_KEYS if clipped else ()) if k not in m]
+        assert not missing, (m["step"], missing)
+        assert clipped or not any(k.startswith("clip_ratio/") for k in m)
+        assert m["learning_rate"] == pytest.approx(1e-2)
+        assert m["epoch"] == pytest.approx(m["step"] * 4 / 64)  # 4 of the 64 training prompts a step
+        assert 1 <= m["completions/min_length"] <= m["completions/mean_length"] <= m["completions/max_length"] <= 8
+        assert 0 <= m["completions/clipped_ratio"] <= 1 and 0 <= m["frac_reward_zero_std"] <= 1
+        assert m["completions/clipped_ratio"] == pytest.approx(1 - m["completion/stopped_frac"])
+        assert m["reward"] == pytest.approx(m["reward/total/mean"], abs=1e-6)
+        assert m["rewards/lowercase/mean"] == pytest.approx(m["reward/lowercase/mean"])
+        assert m["reward_std"] >= 0 and m["rewards/lowercase/std"] >= 0 and m["entropy"] > 0
+        assert m["kl"] == m["kl/mean"] and np.isfinite(m["kl"])
+        if clipped:
+            assert 0 <= m["clip_ratio/low_min"] <= m["clip_ratio/low_mean"] <= 1
+            assert 0 <= m["clip_ratio/high_mean"] <= m["clip_ratio/high_max"] <= 1
+    tokens = [m["num_tokens"] for m in steps]  # cumulative prompt + completion tokens, each step at least
+    assert all(isinstance(t, int) for t in tokens)  # 16 rows of a prompt token and a completion token
+    assert all(b - a >= 32 for a, b in zip([0] + tokens, tokens)), tokens
 
 
 @pytest.mark.parametrize("critic", ["shared", "separate"])
@@ -132,8 +163,11 @@ def test_a_separate_critics_value_loss_never_reaches_the_policy(tiny_dir, tmp_pa
     assert all(moved.values()), moved
 
 
-def test_same_seed_same_metrics(tiny_dir, tmp_path):
+def test_same_seed_same_metrics(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLJAX_PLOT", "1")  # an online run ends with RUN_DIR/curves.png (off in the suite)
     Trainer(_cfg(tiny_dir, tmp_path / "a", steps=3)).fit()
+    assert (tmp_path / "a" / "curves.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    monkeypatch.setenv("RLJAX_PLOT", "0")
     Trainer(_cfg(tiny_dir, tmp_path / "b", steps=3)).fit()
     strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time")} for m in ms]
     assert strip(_metrics(tmp_path / "a")) == strip(_metrics(tmp_path / "b"))

@@ -21,7 +21,9 @@ from rljax.models.config import ModelConfig
 from rljax.models.lora import add_lora
 from rljax.models.tiny import make_tiny_model_dir
 from rljax.models.transformer import init_model
-from rljax.update import NonFiniteLossError, apply_update, raise_if_nonfinite
+from rljax.run_config import OptimSection
+from rljax.update import (NonFiniteLossError, apply_update, learning_rate_schedule, raise_if_nonfinite,
+                          schedule_length)
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=8)
@@ -149,3 +151,12 @@ def test_raise_if_nonfinite_names_the_cause():
         raise_if_nonfinite({"loss": float("nan"), "grad_norm": 2.0, "nonfinite": 1.0}, 3)
     with pytest.raises(NonFiniteLossError, match="learning_rate"):
         raise_if_nonfinite({"loss": 1.0, "grad_norm": 2.0, "nonfinite": 2.0}, 3)
+
+
+def test_learning_rate_schedule_warms_up_then_decays():
+    # warm-up 2 then linear decay to 0 over the 8 updates after it: rate of update count+1
+    cfg = OptimSection(learning_rate=0.1, warmup_steps=2, schedule="linear")
+    lr = learning_rate_schedule(cfg, schedule_length(cfg, 10))
+    np.testing.assert_allclose([float(lr(c)) for c in (0, 1, 2, 6, 10)], [0.0, 0.05, 0.1, 0.05, 0.0], atol=1e-7)
+    const = OptimSection(learning_rate=0.1)
+    assert schedule_length(const, 10) == schedule_length(const, 1000) == 1

@@ -38,6 +38,17 @@ def _tis_weights(old_logprobs, sampling_logprobs, tis_cap):
     return w
 
 
+def _row_fraction_extreme(flags, valid, extreme):
+    """``extreme`` (``jnp.min`` / ``jnp.max``) over rows with a valid token of each row's fraction
+    of valid tokens where ``flags`` is 1; 0 when no row has one (as ``masked_min``)."""
+    counts = jnp.sum(valid, axis=-1, dtype=flags.dtype)  # [B]
+    fractions = jnp.sum(jnp.where(valid, flags, 0), axis=-1) / jnp.maximum(counts, 1)
+    has_tokens = counts > 0
+    fill = jnp.inf if extreme is jnp.min else -jnp.inf
+    out = extreme(jnp.where(has_tokens, fractions, fill))
+    return jnp.where(jnp.any(has_tokens), out, jnp.zeros_like(out))
+
+
 def policy_gradient_loss(
     logprobs: chex.Array,
     old_logprobs: chex.Array,
@@ -116,7 +127,10 @@ def policy_gradient_loss(
       ``policy/clip_frac_low`` (``ρ < 1 − ε_low`` and ``A < 0``), ``policy/clip_frac_high``
       (``ρ > 1 + ε_high`` and ``A > 0``), ``policy/ratio_mean``, ``policy/ratio_min``,
       ``policy/ratio_max``, ``policy/approx_kl`` (k3 estimate of KL(π_old‖π_θ),
-      ``(ρ_t − 1) − log ρ_t`` with the token ratio, as cleanrl ``ppo.py``); when enabled:
+      ``(ρ_t − 1) − log ρ_t`` with the token ratio, as cleanrl ``ppo.py``),
+      ``policy/clip_frac_low_seq_min`` / ``policy/clip_frac_high_seq_max`` (the smallest / largest
+      over rows with a valid token of that row's low / high clipped fraction: TRL ``GRPOTrainer``'s
+      ``clip_ratio/low_min`` / ``clip_ratio/high_max``); when enabled:
       ``policy/dual_clip_frac``, ``policy/entropy``, ``kl/mean``, ``policy/tis_weight_mean``,
       ``policy/tis_weight_max``.
     """
@@ -186,13 +200,16 @@ def policy_gradient_loss(
     loss = reduce_lib.reduce_tokens(per_token, mask, **counts)
 
     f = logprobs.dtype
+    low_clipped = ((ratio < 1.0 - epsilon_low) & (adv < 0)).astype(f)
+    high_clipped = ((ratio > 1.0 + epsilon_high) & (adv > 0)).astype(f)
     metrics.update({
         "policy/loss": loss,
         "policy/pg_loss": reduce_lib.reduce_tokens(pg, mask, **counts),
-        "policy/clip_frac_low": reduce_lib.masked_mean(
-            ((ratio < 1.0 - epsilon_low) & (adv < 0)).astype(f), mask),
-        "policy/clip_frac_high": reduce_lib.masked_mean(
-            ((ratio > 1.0 + epsilon_high) & (adv > 0)).astype(f), mask),
+        "policy/clip_frac_low": reduce_lib.masked_mean(low_clipped, mask),
+        "policy/clip_frac_high": reduce_lib.masked_mean(high_clipped, mask),
+        # TRL's clip_ratio/low_min and high_max: the extreme over rows of each row's clipped fraction
+        "policy/clip_frac_low_seq_min": _row_fraction_extreme(low_clipped, valid, jnp.min),
+        "policy/clip_frac_high_seq_max": _row_fraction_extreme(high_clipped, valid, jnp.max),
         "policy/ratio_mean": reduce_lib.masked_mean(ratio, mask),
         "policy/ratio_min": reduce_lib.masked_min(ratio, mask),
         "policy/ratio_max": reduce_lib.masked_max(ratio, mask),

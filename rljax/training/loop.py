@@ -13,7 +13,7 @@ progress bar), ``start_metrics()`` (logged with the first evaluation) and three 
 Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps (evaluation every
 ``train.eval_every`` steps, checkpoints every ``train.save_every`` steps and every
 ``train.save_every_minutes`` minutes) -> final evaluation -> final checkpoint -> ``summary.json``
--> the run directory's lock is released (``Run.close``, also when the run fails).
+-> ``curves.png`` (:func:`write_curves`) -> the run directory's lock is released (``Run.close``, also when the run fails).
 A non-finite loss stops the run: the state before the refused update is saved with the data
 position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
 logged, and ``NonFiniteLossError`` propagates; when earlier updates of that step were applied
@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from typing import Any
 
 from rljax.host_memory import keep_host_memory
@@ -110,7 +111,23 @@ def _stop_if_signalled(trainer, logger, received: list[int]) -> None:
     run.checkpointer.wait()
     err = Preempted(received[0], run.step)
     logger.write(str(err))
+    write_curves(run.cfg.train, active=logger.active)
     raise err
+
+
+def write_curves(train, *, active: bool = True) -> None:
+    """``RUN_DIR/curves.png`` of the run's metrics (``rljax.plots.plot_runs``), where ``train.plot``
+    is on, ``active`` (process 0) and the environment does not set ``RLJAX_PLOT=0`` (the test
+    suite does: matplotlib costs seconds a run). A failure to plot never fails the run: it warns."""
+    if not (train.plot and active and os.environ.get("RLJAX_PLOT", "1") != "0"):
+        return
+    try:
+        from rljax.plots import CURVES_FILE, plot_runs
+
+        plot_runs([train.run_dir], os.path.join(train.run_dir, CURVES_FILE))
+    except Exception as err:  # noqa: BLE001 - a picture must never cost the run
+        warnings.warn(f"could not write {os.path.join(train.run_dir, 'curves.png')}: {type(err).__name__}: {err}",
+                      RuntimeWarning, stacklevel=2)
 
 
 def fit(trainer) -> dict[str, Any]:
@@ -174,6 +191,7 @@ def fit(trainer) -> dict[str, Any]:
         run.checkpointer.wait()  # summary.json is written once the final checkpoint is on disk
         with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        write_curves(train, active=logger.active)
     finally:
         run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
         logger.close()
@@ -182,4 +200,4 @@ def fit(trainer) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["Preempted", "fit", "save"]
+__all__ = ["Preempted", "fit", "save", "write_curves"]

@@ -34,6 +34,10 @@ from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
 from rljax.errors import UserError
 from rljax.logprobs import completion_logprobs, completion_values
+from rljax.losses.kl import kl_penalty
+from rljax.losses.reduce import masked_mean
+from rljax.metrics_log import METRICS_FILE, read_jsonl
+from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
@@ -42,7 +46,7 @@ from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
 from rljax.training.run import build_run
-from rljax.update import apply_update, raise_if_nonfinite
+from rljax.update import apply_update, learning_rate_schedule, raise_if_nonfinite, schedule_length
 
 
 _TRACES = {"update_epochs": 0}
@@ -161,9 +165,13 @@ class OnlineTrainer:
             raise ValueError(f"{cfg.algorithm.name} is an offline algorithm (rljax.training.offline.OfflineTrainer)")
         a = cfg.algorithm
         value_head = self.algorithm.value_head(a)
+        total_updates = cfg.train.steps * a.num_iterations * a.mini_batches
+        # TRL's learning_rate metric: the schedule the optimizer was built with (rljax.update.optimizer_for)
+        self._learning_rate = learning_rate_schedule(cfg.optim, schedule_length(cfg.optim, total_updates))
+        self._num_tokens: int | None = None  # TRL's num_tokens, read back from metrics.jsonl on resume
         self.run = build_run(
             cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
-            total_updates=cfg.train.steps * a.num_iterations * a.mini_batches,
+            total_updates=total_updates,
             critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
             critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config,
             overwrite=overwrite, resume_step=resume_step, defer_restore=True)  # restored once the data passed
@@ -251,6 +259,9 @@ class OnlineTrainer:
         t2 = time.perf_counter()
         metrics.update(self.update_epochs(batch))
         t_update = time.perf_counter() - t2
+        if batch.ref_logprobs is not None and "kl/mean" not in metrics:
+            # the KL is in the reward (PPO, RLOO, REINFORCE++): log the estimate the reward used
+            metrics["kl/mean"] = reward_kl(batch, estimator=a.kl_estimator)
         metrics.update(roll.reward_metrics)
         metrics.update(bound_hit_metrics(self.rewards.functions))  # every sample scored this step, dropped groups too
         metrics.update({
@@ -261,7 +272,22 @@ class OnlineTrainer:
         raise_if_nonfinite(metrics, run.step)
         self.last_rollouts = roll
         run.step += 1
+        metrics.update(self._trl_metrics(roll, metrics))
         return metrics
+
+    def _trl_metrics(self, roll: Rollout, metrics: dict[str, float]) -> dict[str, float]:
+        """TRL ``GRPOTrainer``'s metrics of the step just taken (``rljax.metrics_trl``)."""
+        a, run = self.cfg.algorithm, self.run
+        if self._num_tokens is None:
+            self._num_tokens = _logged_num_tokens(self.cfg.train.run_dir, run.step - 1)
+        self._num_tokens += int(roll.prompt_mask.sum()) + int(roll.completion_mask.sum())
+        updates_done = run.step * a.num_iterations * a.mini_batches
+        it = self.iterator
+        return trl_metrics(
+            per_function=roll.per_function, total=roll.scores, group_size=a.group_size,
+            completion_lengths=roll.completion_mask.sum(-1), truncated=~np.asarray(roll.finished, bool),
+            update_metrics=metrics, learning_rate=float(self._learning_rate(updates_done)),
+            epoch=it.epoch + it.index / len(self.train_examples), num_tokens=self._num_tokens)
 
     def update_epochs(self, batch: RolloutBatch) -> dict[str, float]:
         """The step's ``num_iterations × mini_batches`` optimizer updates (:func:`update_epochs`,
@@ -328,6 +354,22 @@ class OnlineTrainer:
             summary.update(export_run(self.run, self.cfg.train.run_dir))
 
 
+def reward_kl(batch: RolloutBatch, *, estimator: str) -> float:
+    """Mean over the counted tokens of the KL estimate ``k(π_old, π_ref)`` that enters the reward
+    (PPO, RLOO, REINFORCE++; TRL ``RLOOTrainer``'s ``kl``)."""
+    kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=estimator, mask=batch.loss_mask)
+    return float(masked_mean(kl, batch.loss_mask))
+
+
+def _logged_num_tokens(run_dir: str, step: int) -> int:
+    """The ``num_tokens`` logged at or before ``step`` (0 if none): a resumed run counts on from it."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if step < 1 or not os.path.exists(path):
+        return 0
+    logged = [r["num_tokens"] for r in read_jsonl(path) if r.get("step", 0) <= step and "num_tokens" in r]
+    return int(logged[-1]) if logged else 0
+
+
 def _check_enough_prompts(n: int, counts: dict, cfg: RunConfig) -> None:
     """One step needs ``prompts_per_step`` distinct training prompts; say what was dropped."""
     dropped, need = counts.get("dropped/too_long", 0), cfg.algorithm.prompts_per_step
@@ -359,5 +401,5 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     return rows
 
 
-__all__ = ["OnlineTrainer", "mean_update_metrics", "rollout_batch", "score_logprobs",
+__all__ = ["OnlineTrainer", "mean_update_metrics", "reward_kl", "rollout_batch", "score_logprobs",
            "score_values", "update_epochs", "update_trace_count"]

@@ -58,11 +58,13 @@ RESUMABLE_KEYS = (
     "train.progress",
     "train.save_model",  # whether the end writes RUN_DIR/model (was algorithm.save_model: older checkpoints)
     "algorithm.save_model",
+    "train.plot",
     "train.run_dir",  # the directory was moved
 )
 """Dotted config keys (``fnmatch`` patterns) a resume may change: they do not change what is trained."""
 
-RUN_FILES = ("config.yaml", "config.yaml.tmp", "metrics.jsonl", "samples.jsonl", "summary.json", "eval_samples_step*.jsonl")
+RUN_FILES = ("config.yaml", "config.yaml.tmp", "metrics.jsonl", "samples.jsonl", "summary.json", "eval_samples_step*.jsonl",
+             "curves.png")
 """The files rljax writes in a run directory (``fnmatch`` patterns); ``--overwrite`` deletes these."""
 
 RUN_DIRS = ("checkpoints", "tensorboard", "model", "adapter")
