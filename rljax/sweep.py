@@ -234,11 +234,13 @@ def subprocess_runner(argv: list[str], log_path: str) -> int:
 Runner = Callable[[list[str], str], int]
 
 
-def run_sweep(plan: SweepPlan, *, overwrite: bool = False, runner: Runner = subprocess_runner,
+def run_sweep(plan: SweepPlan, *, overwrite: bool = False, runner: Runner | None = None,
               echo: Callable[[str], None] = print) -> list[dict]:
     """Run the plan's runs that are not finished; returns the manifest's run records (also written to
     ``OUT/sweep.json`` after each run). A run ending with ``128 + SIGINT/SIGTERM`` stops the sweep
-    (status ``interrupted``); any other non-zero exit is recorded as ``failed`` and the sweep goes on."""
+    (status ``interrupted``); any other non-zero exit is recorded as ``failed`` and the sweep goes on.
+    ``runner(argv, log_path) -> exit status`` runs one ``rljax train`` (default :func:`subprocess_runner`)."""
+    runner = runner or subprocess_runner
     out = Path(plan.out)
     manifest_path = out / MANIFEST
     old = _read_manifest(manifest_path)
