@@ -404,7 +404,7 @@ def _add_compare(sub) -> None:
         help="a table of held-out metrics per setting: mean ± std over seeds, paired differences with a CI",
         description="Read the runs of a sweep directory (or run directories) and write compare.md and "
         "compare.json: per setting and eval/* metric, the final and best values (mean ± std over seeds) and "
-        "the final value's paired difference against a baseline setting with a 95%% bootstrap interval over seeds.",
+        "the final value's paired difference against a baseline setting with a 95% bootstrap interval over seeds.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="a sweep directory, or run directories")
     p.add_argument("--baseline", default=None, metavar="SETTING",
