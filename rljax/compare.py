@@ -96,6 +96,8 @@ def collect_runs(paths: Sequence[str]) -> tuple[list[dict], str | None]:
         manifest = read_manifest(paths[0])
         runs = [{"run_dir": str(Path(paths[0]) / r["run_dir"]), "setting": r["setting_name"], "seed": r["seed"],
                  "status": r.get("status")} for r in manifest["runs"]]
+        for r in runs:  # what the manifest says may be stale (a run finished by hand): the directory decides
+            r["status"] = "finished" if (Path(r["run_dir"]) / "summary.json").is_file() else r["status"]
         first = setting_name(settings(manifest.get("grid") or {})[0])
         return runs, first
     runs = []
@@ -104,7 +106,7 @@ def collect_runs(paths: Sequence[str]) -> tuple[list[dict], str | None]:
             raise CompareError(f"{path}: neither a sweep directory (no sweep.json) nor a run directory (no metrics.jsonl)")
         name = os.path.basename(os.path.normpath(path))
         runs.append({"run_dir": path, "setting": re.sub(r"__seed\d+$", "", name), "seed": _seed_of(path),
-                     "status": None})
+                     "status": "finished" if (Path(path) / "summary.json").is_file() else "not finished"})
     return runs, runs[0]["setting"] if runs else None
 
 
@@ -112,13 +114,16 @@ def compare(paths: Sequence[str], *, baseline: str | None = None, metrics: Seque
             level: float = 0.95, n_resamples: int = 10_000) -> dict:
     """The comparison as a dict: ``{"baseline", "level", "n_resamples", "settings", "metrics": {key:
     {setting: {"seeds", "final", "best", "diff"}}}, "markdown"}`` (see the module docstring)."""
-    runs, first = collect_runs(paths)
+    listed, first = collect_runs(paths)
+    # an unfinished run's last evaluation is not a final one (a failed run's may be the initial model's)
+    runs = [r for r in listed if r["status"] == "finished"]
+    left_out = [r for r in listed if r["status"] != "finished"]
     if not runs:
-        raise CompareError("no runs to compare")
-    order = list(dict.fromkeys(r["setting"] for r in runs))
+        raise CompareError(f"no finished runs to compare (left out: {', '.join(_show(r) for r in left_out)})")
+    order = list(dict.fromkeys(r["setting"] for r in listed if r["setting"] in {x["setting"] for x in runs}))
     baseline = baseline or first
     if baseline not in order:
-        raise CompareError(f"--baseline {baseline!r}: not one of the settings {order}")
+        raise CompareError(f"--baseline {baseline!r}: not one of the settings with a finished run {order}")
     rows_of = {r["run_dir"]: read_metrics(r["run_dir"]) for r in runs}
     found = sorted({k for rows in rows_of.values() for row in rows for k in row if k.startswith("eval/")})
     keys = list(metrics) if metrics else found
@@ -126,7 +131,7 @@ def compare(paths: Sequence[str], *, baseline: str | None = None, metrics: Seque
     if unknown:
         raise CompareError(f"--metric {', '.join(unknown)}: not logged by these runs (held-out metrics: {found})")
     result: dict = {"baseline": baseline, "level": level, "n_resamples": n_resamples, "settings": order,
-                    "runs": runs, "metrics": {}}
+                    "runs": runs, "left_out": left_out, "metrics": {}}
     for key in keys:
         per_setting: dict = {}
         for setting in order:
@@ -179,6 +184,8 @@ def _markdown(result: dict) -> str:
              f"(min for a loss, else max); mean ± sample std over seeds. Δ final = paired by seed, setting − "
              f"baseline, with a {pct} bootstrap percentile interval ({result['n_resamples']} resamples; few "
              f"seeds give wide, coarse intervals)."]
+    if result["left_out"]:
+        parts.append("Left out (not finished): " + ", ".join(_show(r) for r in result["left_out"]) + ".")
     for key, per_setting in result["metrics"].items():
         rows = []
         for setting, entry in per_setting.items():
@@ -194,6 +201,10 @@ def _markdown(result: dict) -> str:
         parts.append(f"### {key}\n\n" + markdown_table(["setting", "seeds", "final", "best", f"Δ final [{pct} CI]"],
                                                        rows))
     return "\n\n".join(parts)
+
+
+def _show(run: dict) -> str:
+    return f"{os.path.basename(os.path.normpath(run['run_dir']))} ({run['status']})"
 
 
 def _lower_is_better(key: str) -> bool:

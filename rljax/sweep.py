@@ -45,8 +45,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -219,16 +221,31 @@ def subprocess_runner(argv: list[str], log_path: str) -> int:
     env = dict(os.environ)
     root = str(Path(rljax.__file__).resolve().parent.parent)  # the same rljax as this process's
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    stopped: list[int] = []
     with open(log_path, "a") as log:
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} rljax {' '.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen([sys.executable, "-m", "rljax.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
                                 env=env)
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                continue  # the child saves and exits with 130; wait for it
+
+        def forward(signum, frame):  # SIGTERM to the sweep (a scheduler): the run saves and stops too
+            stopped.append(signum)
+            proc.send_signal(signum)
+
+        previous = signal.signal(signal.SIGTERM, forward) if threading.current_thread() is threading.main_thread() \
+            else None
+        try:
+            while True:
+                try:
+                    code = proc.wait()
+                    break
+                except KeyboardInterrupt:  # Ctrl-C reached the child too: it saves and exits with 130
+                    stopped.append(signal.SIGINT)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    # a stop asked of the sweep stops the sweep, however the run ended (a second Ctrl-C ends it unsaved)
+    return 128 + int(stopped[0]) if stopped and code != 0 else code
 
 
 Runner = Callable[[list[str], str], int]

@@ -215,3 +215,14 @@ def test_a_real_sweep_of_tiny_runs_resumes_and_compares(tmp_path, capsys):
         assert (out / r["run_dir"] / "summary.json").stat().st_mtime_ns == mtimes[r["run_dir"]]
     assert main(["compare", str(out), "--metric", "eval/reward"]) == 0
     assert "| `reduction=seq_mean_token_mean` | 2 |" in capsys.readouterr().out
+
+
+def test_compare_leaves_out_runs_that_did_not_finish(tmp_path):
+    out = tmp_path / "sweep"
+    run_sweep(_plan(out), runner=FakeRunner(codes={"reduction=seq_mean_token_mean__seed0": 1}), echo=lambda line: None)
+    result = compare([str(out)], metrics=["eval/reward"])
+    assert [r["run_dir"].rsplit("/", 1)[-1] for r in result["left_out"]] == ["reduction=seq_mean_token_mean__seed0"]
+    other = result["metrics"]["eval/reward"]["reduction=seq_mean_token_mean"]
+    assert other["seeds"] == [1] and other["diff"]["n"] == 1  # paired on the seed both settings finished
+    np.testing.assert_allclose(other["diff"]["mean"], 0.25)
+    assert "Left out (not finished): reduction=seq_mean_token_mean__seed0 (failed)." in result["markdown"]
