@@ -1,7 +1,8 @@
 """What every ``experiments/ablate_*.py`` file shares: a sweep of one config over a grid and seeds
 (``rljax.sweep``), its comparison table (``rljax.compare``) and the results file.
 
-    python experiments/ablate_X.py [--steps N] [--seeds 0,1,2] [--out DIR]   # writes experiments/results/X.md
+    python experiments/ablate_X.py [--steps N] [--seeds 0,1,2] [--out DIR] [KEY=VALUE ...]
+                                                                             # writes experiments/results/X.md
     python experiments/ablate_X.py --smoke                                   # tiny model, 2 steps: seconds of
                                                                              # work (minutes on a loaded CPU)
 
@@ -40,6 +41,8 @@ def main(name: str, question: str, config: str, grid: dict[str, list[str]], over
     parser.add_argument("--steps", type=int, default=None, help="train.steps (default: the config's)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2; smoke: 0,1)")
     parser.add_argument("--out", default=None, help="the sweep directory (default: runs/experiments/NAME[-smoke])")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="more config overrides for every run (e.g. data.eval_size=32)")
     args = parser.parse_args(argv)
     from rljax.sweep import parse_seeds
 
@@ -55,6 +58,7 @@ def main(name: str, question: str, config: str, grid: dict[str, list[str]], over
         shared += [f"model.name={os.path.abspath(tiny)}", *SMOKE_OVERRIDES]
     if args.steps is not None:
         shared.append(f"train.steps={args.steps}")
+    shared += args.overrides
     plan = plan_sweep(os.path.join(REPO, config), grid=grid, seeds=seeds, overrides=shared, out=out)
     start = time.monotonic()
     records = run_sweep(plan, runner=runner, echo=lambda line: print(line, flush=True))
