@@ -16,8 +16,11 @@ Command (writes experiments/results/ablate_grpo_normalisation.md; re-running ski
 It is ``rljax sweep configs/grpo_smollm2_arith.yaml --grid
 algorithm.reduction=token_mean,seq_mean_token_mean --seeds 0,1,2`` then ``rljax compare``.
 
-Hardware and run time: the committed table's header records both (a 2-core CPU shared with other
-jobs; see experiments/results/ablate_grpo_normalisation.md).
+Hardware and run time: recorded in the results file's header when it runs. Not run to the end yet:
+on the 2-core CPU shared with five other jobs (load average ~20, 2026-11-24) the first run of
+``--steps 20 --seeds 0,1`` took 20 min to its first step (the 64-prompt initial evaluation and the
+compiles), so the four runs did not fit the session; the sweep is resumable, so the same command
+continues from the checkpoints it leaves.
 """
 
 import os
