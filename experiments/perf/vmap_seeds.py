@@ -26,8 +26,15 @@ Run (from the repository root):
     nice -n 10 python experiments/perf/vmap_seeds.py                 # both shapes, 3 seeds
     python experiments/perf/vmap_seeds.py --shapes tiny --seeds 3 --repeats 5
 
-Measured (2026-11-24, 2-core CPU shared with other jobs, load average ~15; see the README's
-Ablations paragraph for the numbers and the decision).
+Measured (2026-11-24, 2-core CPU shared with five other jobs, load average ~20, 23 GB RAM shared):
+
+    tiny, 3 seeds, 5 repeats: sequential 0.385 s, vmapped 0.765 s (sequential / vmapped 0.50);
+                              first calls (compiles) 51 s and 56 s
+    main: killed by the out-of-memory killer before any timing (4.6 GB resident with 3 seeds,
+          8.2 GB with --seeds 2 --repeats 1): not measured on this machine
+
+So vmapping seeds is not built into ``rljax sweep``: slower for the tiny model, and for the main
+job's model S seeds' activations at once do not fit beside the other jobs here.
 """
 
 from __future__ import annotations
