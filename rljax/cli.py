@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot``."""
+"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot | sweep | compare``."""
 
 from __future__ import annotations
 
@@ -388,6 +388,77 @@ def _pairs(args) -> int:
     return run(args)
 
 
+# --- rljax sweep / rljax compare (rljax/sweep.py, rljax/compare.py) ---
+
+def _add_sweep(sub) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="train every combination of a grid of config values x seeds into one directory (resumable)",
+        description="Run `rljax train CONFIG` once per combination of the --grid values and --seeds (train.seed), "
+        "each in a subprocess, into SWEEP_DIR/<setting>__seed<N>, with SWEEP_DIR/sweep.json listing every run "
+        "and its status. Re-running the same command skips finished runs (summary.json at train.steps), resumes "
+        "interrupted ones (a checkpoint, not finished) and starts missing or failed ones. Ends with status 1 "
+        "if any run failed. Then: rljax compare SWEEP_DIR.",
+    )
+    p.add_argument("config", help="YAML file, e.g. configs/grpo_smollm2_arith.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides shared by every run")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a config key and its values; repeat for more keys (every combination runs)")
+    p.add_argument("--seeds", default="0", help="comma-separated train.seed values (default: %(default)s)")
+    p.add_argument("--out", default=None, metavar="SWEEP_DIR",
+                   help="the sweep directory (default: runs/sweeps/<config file stem>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="SWEEP_DIR holds another sweep (config, grid or overrides differ): delete its runs first")
+    p.set_defaults(func=_sweep)
+
+
+def _sweep(args) -> int:
+    from rljax.sweep import parse_grid, parse_seeds, plan_sweep, run_sweep, sweep_failures
+
+    plan = plan_sweep(args.config, grid=parse_grid(args.grid), seeds=parse_seeds(args.seeds),
+                      overrides=args.overrides, out=args.out)
+    print(f"# sweep: {len(plan.runs)} runs into {plan.out}", flush=True)
+    records = run_sweep(plan, overwrite=args.overwrite, echo=lambda line: print(line, flush=True))
+    failed = sweep_failures(records)
+    if failed:
+        print(f"# {len(failed)} of {len(records)} runs not finished: "
+              + ", ".join(f"{r['run_dir']} ({r['status']})" for r in failed), file=sys.stderr)
+        return 130 if any(r["status"] == "interrupted" for r in failed) else 1
+    print(f"# all {len(records)} runs finished; compare with: rljax compare {plan.out}")
+    return 0
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="a table of held-out metrics per setting: mean ± std over seeds, paired differences with a CI",
+        description="Read the runs of a sweep directory (or run directories) and write compare.md and "
+        "compare.json: per setting and eval/* metric, the final and best values (mean ± std over seeds) and "
+        "the final value's paired difference against a baseline setting with a 95% bootstrap interval over seeds.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a sweep directory, or run directories")
+    p.add_argument("--baseline", default=None, metavar="SETTING",
+                   help="the setting to difference against (default: the first grid combination / first run)")
+    p.add_argument("--metric", action="append", default=None, metavar="KEY",
+                   help="an eval/... key to show; repeat for more (default: every eval/ key)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where to write compare.md and compare.json (default: the sweep directory, or the "
+                   "first run directory's parent)")
+    p.set_defaults(func=_compare)
+
+
+def _compare(args) -> int:
+    from rljax.compare import compare, write_compare
+
+    result = compare(args.paths, baseline=args.baseline, metrics=args.metric)
+    out = args.out or (args.paths[0] if len(args.paths) == 1 and os.path.isfile(os.path.join(args.paths[0], "sweep.json"))
+                       else os.path.dirname(os.path.abspath(args.paths[0])))
+    md, js, png = write_compare(result, out)
+    print(result["markdown"])
+    print(f"# wrote {md}, {js} and {png}", file=sys.stderr)
+    return 0
+
+
 def _print_eval(summary: dict) -> None:
     before, after = summary.get("before", {}), summary.get("after", {})
     print(f"{'metric':28s} {'before':>8s} {'after':>8s}")
@@ -411,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_pairs(sub)
     _add_plot(sub)
+    _add_sweep(sub)
+    _add_compare(sub)
     return parser
 
 

@@ -105,3 +105,45 @@ def test_rloo_paper_form_is_reinforce_over_the_whole_sequence():
     np.testing.assert_allclose(value, want, rtol=1e-5)
     assert rloo.token_reduction(cfg) == "seq_mean_token_sum"
     assert rloo.token_reduction(rloo.RLOOConfig()) == "seq_mean_token_mean"
+
+
+def test_grpo_kl_placement_reward_moves_the_kl_from_the_loss_into_the_group_normalised_scores():
+    from rljax.algorithms import grpo
+    from rljax.config import ConfigError
+
+    logp = np.array([[-0.5, -1.0, -2.0], [-1.0, -0.2, 0.0], [-0.3, -0.3, -0.3], [-2.0, 0.0, 0.0]], np.float32)
+    mask = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]]
+    m = np.asarray(mask, np.float32)
+    scores = np.array([1.0, 0.0, 0.5, 2.0])
+    old, ref = logp - 0.1, logp - np.array([[0.3], [0.0], [0.6], [0.2]], np.float32)  # a different KL per row
+    common = dict(kl_coef=0.5, kl_estimator="k1", group_size=4, prompts_per_step=1)
+    in_reward = grpo.advantages(_batch(scores, mask, old, ref), grpo.GRPOConfig(kl_placement="reward", **common))
+    in_loss = grpo.advantages(_batch(scores, mask, old, ref), grpo.GRPOConfig(**common))
+    R = scores - 0.5 * ((old - ref) * m).sum(-1)  # k1 = old - ref per token: 0.2*3, -0.1*2, 0.5*3, 0.1*1
+    np.testing.assert_allclose(R, [0.7, 0.1, -0.25, 1.95], rtol=1e-5)
+    want = (R - R.mean()) / (R.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose(np.asarray(in_reward.advantages)[:, 0], want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(in_loss.advantages)[:, 0], (scores - scores.mean()) / (scores.std(ddof=1) + 1e-4),
+                               rtol=1e-5)
+
+    # the loss: the KL term only with kl_placement loss (on-policy, so the surrogate parts are equal)
+    out = {"logprobs": jnp.asarray(old), "entropy": jnp.zeros_like(jnp.asarray(old))}
+    import rljax.algorithms._policy_gradient as pg
+    original = pg.policy_logprobs
+    pg.policy_logprobs = lambda *a, **k: out
+    try:
+        values = {}
+        for placement, batch in (("loss", in_loss), ("reward", in_reward)):
+            cfg = grpo.GRPOConfig(kl_placement=placement, **common)
+            values[placement] = grpo.loss(None, batch, cfg, temperature=1.0, num_rows=4, num_tokens=int(m.sum()),
+                                          max_length=3)[1]
+    finally:
+        pg.policy_logprobs = original
+    # on-policy (ratio 1) the surrogate is 0 with these sums, so the loss is beta * the k1 term, reduced
+    # seq_mean_token_mean: row means 0.2, -0.1, 0.5, 0.1 -> 0.175 -> 0.5 * 0.175
+    np.testing.assert_allclose(values["loss"]["policy/loss"], 0.0875, rtol=1e-5)
+    np.testing.assert_allclose(values["reward"]["policy/loss"], 0.0, atol=1e-7)
+    assert "kl/mean" in values["loss"] and "kl/mean" not in values["reward"]
+    with pytest.raises(ConfigError, match="k3_unbiased"):
+        from_yaml(RunConfig, "algorithm: {name: grpo, kl_placement: reward, kl_estimator: k3_unbiased, kl_coef: 0.1}\n"
+                  "rewards: {answer: 1.0}")
