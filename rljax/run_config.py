@@ -36,9 +36,17 @@ class ModelSection:
     # true: training and scoring passes loop over the layers (lax.scan) instead of unrolling them;
     # compiles faster for deep models, ran the CPU update ~10% slower (rljax/models/transformer.py)
     scan_layers: bool = False
+    # A fresh value / reward head (reward_model, PPO's shared head and its critic; a head read from
+    # the checkpoint's value_head.safetensors is kept): "normal" draws w ~ normal(0, value_head_std)
+    # from the seed, bias 0, as transformers' score head (std 0.02 = initializer_range), TRL, verl
+    # and OpenRLHF do; "zeros" starts w = b = 0 (rljax before issue 15). A zero head gives the layers
+    # below it no gradient, so a full fine-tune learns slowly at first (rljax/models/value_head.py).
+    value_head_init: Literal["normal", "zeros"] = "normal"
+    value_head_std: float = 0.02
 
     def validate(self) -> None:
         check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
+        check_range(self, "value_head_std", low=0, low_open=True, note="(value_head_init: zeros for a zero head)")
         check_range(self, "lora_alpha", low=0, low_open=True)
 
 
