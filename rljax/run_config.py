@@ -39,9 +39,11 @@ class ModelSection:
     # A fresh value / reward head (reward_model, PPO's shared head and its critic; a head read from
     # the checkpoint's value_head.safetensors is kept): "normal" draws w ~ normal(0, value_head_std)
     # from the seed, bias 0, as transformers' score head (std 0.02 = initializer_range), TRL, verl
-    # and OpenRLHF do; "zeros" starts w = b = 0 (rljax before issue 15). A zero head gives the layers
-    # below it no gradient, so a full fine-tune learns slowly at first (rljax/models/value_head.py).
-    value_head_init: Literal["normal", "zeros"] = "normal"
+    # and OpenRLHF do; "zeros" starts w = b = 0. A zero head gives the layers below it no gradient,
+    # so a full fine-tune learns slowly at first (rljax/models/value_head.py). null = the algorithm's
+    # default (RunConfig.value_head_init): reward_model "normal"; ppo "zeros", which measured as good
+    # or slightly better (experiments/results/ppo_value_head_init.md).
+    value_head_init: Optional[Literal["normal", "zeros"]] = None
     value_head_std: float = 0.02
 
     def validate(self) -> None:
@@ -159,6 +161,11 @@ class RunConfig:
     @property
     def is_online(self) -> bool:
         return ALGORITHMS[self.algorithm.name].online
+
+    @property
+    def value_head_init(self) -> str:
+        """How a fresh value head starts: ``model.value_head_init``, or the algorithm's default."""
+        return self.model.value_head_init or ALGORITHMS[self.algorithm.name].value_head_init
 
     def validate(self) -> None:
         weights = [w.get("weight", 1.0) if isinstance(w, dict) else w for w in self.rewards.values()]

@@ -215,7 +215,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
            critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
            write_config: bool, read_only: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
-    head_init = dict(value_head_init=cfg.model.value_head_init, value_head_std=cfg.model.value_head_std,
+    head_init = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
                      seed=cfg.train.seed)
     model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers,
                             **head_init)
