@@ -1,7 +1,7 @@
 """rljax's reward model beside TRL's ``RewardTrainer``: same pairs, same steps, LoRA and full fine-tuning.
 
     rljax convert smollm2-135m-instruct /tmp/smollm2-hf     # TRL's model (the dequantised GGUF), made if absent
-    PYTHONPATH=. nice -n 10 python experiments/rm_vs_trl.py [--steps 12] [--batch 8] [--train 96] [--eval 32] [--no-trl]
+    PYTHONPATH=. nice -n 10 python experiments/rm_vs_trl.py [--steps 10] [--batch 4] [--train 48] [--eval 32] [--no-trl]
 
 Two preferences on prompts of the two-digit addition task (with a short system prompt, so that
 SmolLM2's chat template adds no default one), built deterministically:
@@ -148,9 +148,9 @@ def _ensure_hf_dir(path: str) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--batch", type=int, default=8, help="pairs per step")
-    parser.add_argument("--train", type=int, default=96, help="train pairs per preference")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=4, help="pairs per step")
+    parser.add_argument("--train", type=int, default=48, help="train pairs per preference")
     parser.add_argument("--eval", type=int, default=32, help="held-out pairs per preference")
     parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "smollm2-135m-instruct-hf"))
     parser.add_argument("--preferences", default="format,arithmetic")
@@ -158,11 +158,6 @@ def main(argv=None) -> None:
     parser.add_argument("--no-trl", action="store_true", help="the rljax side only")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "rm_vs_trl.md"))
     args = parser.parse_args(argv)
-
-    import jax
-
-    from rljax.reporting import environment, markdown_table
-
     trl_error = None
     if not args.no_trl:
         try:
@@ -199,6 +194,16 @@ def main(argv=None) -> None:
                              f"{t['accuracy_before']:.3f} -> {t['accuracy']:.3f}" if theirs else "-",
                              f"{ours['step_s']:.2f}", f"{t['step_s']:.2f}" if theirs else "-", ratio,
                              f"{ours['train_s']:.0f}", f"{t['train_s']:.0f}" if theirs else "-"])
+                _report(args, rows, trl_error)
+    _report(args, rows, trl_error)
+
+
+def _report(args, rows, trl_error) -> None:
+    """Write the table so far to ``args.out`` (after every row: a run cut short keeps what it measured)."""
+    import jax
+
+    from rljax.reporting import environment, markdown_table
+
     table = markdown_table(["preference", "setting", "rljax held-out acc (before -> after)",
                             "TRL held-out acc (before -> after)", "rljax s/step", "TRL s/step",
                             "TRL / rljax time", "rljax train s", "TRL train s"], rows)
@@ -216,7 +221,7 @@ def main(argv=None) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
-    print(text)
+    print(text, flush=True)
 
 
 def _version(name: str) -> str | None:
