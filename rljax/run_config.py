@@ -45,10 +45,20 @@ class ModelSection:
     # scan_layers: true 168 MB -> 33 MB (block) / 53 MB (dots); unrolled, XLA schedules the
     # recomputation early and keeps ~95% (156 -> 148 MB): use it with scan_layers: true
     remat: Literal["none", "block", "dots"] = "none"
+    # A fresh value / reward head (reward_model, PPO's shared head and its critic; a head read from
+    # the checkpoint's value_head.safetensors is kept): "normal" draws w ~ normal(0, value_head_std)
+    # from the seed, bias 0, as transformers' score head (std 0.02 = initializer_range), TRL, verl
+    # and OpenRLHF do; "zeros" starts w = b = 0. A zero head gives the layers below it no gradient,
+    # so a full fine-tune learns slowly at first (rljax/models/value_head.py). null = the algorithm's
+    # default (RunConfig.value_head_init): reward_model "normal"; ppo "zeros", which measured as good
+    # or slightly better (experiments/results/ppo_value_head_init.md).
+    value_head_init: Optional[Literal["normal", "zeros"]] = None
+    value_head_std: float = 0.02
 
     def validate(self) -> None:
         check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
         check_range(self, "logits_chunk", low=1, note="(null = all positions at once)")
+        check_range(self, "value_head_std", low=0, low_open=True, note="(value_head_init: zeros for a zero head)")
         check_range(self, "lora_alpha", low=0, low_open=True)
 
 
@@ -163,6 +173,11 @@ class RunConfig:
     @property
     def is_online(self) -> bool:
         return ALGORITHMS[self.algorithm.name].online
+
+    @property
+    def value_head_init(self) -> str:
+        """How a fresh value head starts: ``model.value_head_init``, or the algorithm's default."""
+        return self.model.value_head_init or ALGORITHMS[self.algorithm.name].value_head_init
 
     def validate(self) -> None:
         weights = [w.get("weight", 1.0) if isinstance(w, dict) else w for w in self.rewards.values()]

@@ -47,6 +47,8 @@ class OnlineAlgorithm:
       needs_reference: ``cfg -> bool``: the batch needs ``ref_logprobs`` (a KL term is on).
       value_head: ``cfg -> None | "shared" | "separate"``: where value estimates come from.
       critic_loss: with a separate critic, ``(critic_model, batch, cfg, **totals) -> (loss, metrics)``.
+      value_head_init: how a fresh value head starts when ``model.value_head_init`` is null
+        (``"normal"`` | ``"zeros"``, ``rljax.models.value_head``).
     """
 
     name: str
@@ -56,6 +58,7 @@ class OnlineAlgorithm:
     needs_reference: Callable[[Any], bool]
     value_head: Callable[[Any], ValueHead] = lambda cfg: None
     critic_loss: Callable[..., Any] | None = None
+    value_head_init: str = "normal"
     online: bool = dataclasses.field(default=True, init=False)
 
 
@@ -74,6 +77,7 @@ class OfflineAlgorithm:
         split (the training objective and its metrics, from the same loss functions).
       needs_reference: ``cfg -> bool``: ``batch.ref_logps`` (summed reference log-probs) is read.
       value_head: the model carries a scalar head (reward models).
+      value_head_init: as :class:`OnlineAlgorithm`.
       prepare: ``(EncodedSet, cfg, split) -> (EncodedSet, counts)``: per-row constants computed
         once (record weights); ``None`` = nothing to prepare.
     """
@@ -88,6 +92,7 @@ class OfflineAlgorithm:
     needs_reference: Callable[[Any], bool] = lambda cfg: False
     value_head: bool = False
     prepare: Callable[..., Any] | None = None
+    value_head_init: str = "normal"
     online: bool = dataclasses.field(default=False, init=False)
 
 

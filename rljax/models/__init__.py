@@ -14,9 +14,10 @@ from rljax.errors import UserError
 from rljax.models.config import ModelConfig, UnsupportedConfigError
 from rljax.models.dtypes import DTYPE_NAMES, dtype_from_name
 from rljax.models.transformer import KVCache, Transformer, init_model
+from rljax.models.value_head import DEFAULT_VALUE_HEAD_STD, VALUE_HEAD_INITS, fresh_value_head
 
 __all__ = ["DTYPE_NAMES", "KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "dtype_from_name",
-           "init_model", "load", "read_checkpoint"]
+           "init_model", "load", "read_checkpoint", "DEFAULT_VALUE_HEAD_STD", "VALUE_HEAD_INITS", "fresh_value_head"]
 
 
 def read_checkpoint(name_or_path: str, *, value_head: bool = False, tokenizer=None):
@@ -63,11 +64,17 @@ def load(
     value_head: bool = False,
     scan_layers: bool = False,
     tokenizer=None,
+    value_head_init: str = "normal",
+    value_head_std: float = DEFAULT_VALUE_HEAD_STD,
+    seed: int = 0,
 ):
     """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face directory.
 
     ``dtype`` is the compute dtype; ``param_dtype`` (default: ``dtype``) the storage dtype.
-    ``value_head=True`` adds a scalar value head (zero-initialised unless the directory has one).
+    ``value_head=True`` adds a scalar value head: the directory's own (``value_head.safetensors``)
+    when it has one, else a fresh one, ``fresh_value_head(init=value_head_init, std=value_head_std,
+    seed=seed)`` (default normal(0, 0.02), as transformers' score head; see
+    ``rljax.models.value_head``).
     ``scan_layers=True`` loops over the layers in training and scoring passes instead of unrolling
     them (``Transformer``). ``tokenizer``: used when a Hugging Face directory has none of its own
     (:func:`read_checkpoint`).
@@ -76,6 +83,8 @@ def load(
 
     config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head,
                                                                    tokenizer=tokenizer)
+    if value_head and value_head_params is None:
+        value_head_params = fresh_value_head(config.hidden_size, init=value_head_init, std=value_head_std, seed=seed)
     model = model_from_params(config, params, param_dtype=dtype if param_dtype is None else param_dtype, dtype=dtype,
                               value_head=value_head, value_head_params=value_head_params)
     model.scan_layers = scan_layers  # static execution setting, no parameter

@@ -113,7 +113,8 @@ def model_from_params(
     value_head: bool = False,
     value_head_params: Mapping[str, Any] | None = None,
 ) -> Transformer:
-    """Build a :class:`Transformer` holding ``params`` (cast to ``param_dtype``)."""
+    """Build a :class:`Transformer` holding ``params`` (cast to ``param_dtype``); with ``value_head`` and
+    no ``value_head_params`` the head is zero (``rljax.models.load`` passes a fresh normal one)."""
     model = abstract_model(config, param_dtype=param_dtype, dtype=dtype, value_head=value_head)
     graphdef, state = nnx.split(model)
     full = dict(params)

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from rljax.models.config import ModelConfig
 from rljax.models.hf_io import read_hf_dir
 from rljax.models.transformer import Transformer, abstract_model, init_model
+from rljax.models.value_head import DEFAULT_VALUE_HEAD_STD, fresh_value_head
 from rljax.sharding import DEFAULT_RULES, MeshAxes, Rules, param_shardings
 
 __all__ = ["init_sharded", "load_hf_dir_sharded", "load_pretrained_sharded", "load_sharded"]
@@ -125,11 +126,17 @@ def load_pretrained_sharded(
     dtype=jnp.float32,
     param_dtype=None,
     value_head: bool = False,
+    value_head_init: str = "normal",
+    value_head_std: float = DEFAULT_VALUE_HEAD_STD,
+    seed: int = 0,
 ):
-    """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory."""
+    """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory
+    (a fresh value head as there: ``rljax.models.value_head.fresh_value_head``)."""
     from rljax.models import read_checkpoint
 
     config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head)
+    if value_head and value_head_params is None:
+        value_head_params = fresh_value_head(config.hidden_size, init=value_head_init, std=value_head_std, seed=seed)
     model = load_sharded(config, params, mesh, rules=rules, param_dtype=dtype if param_dtype is None else param_dtype,
                          dtype=dtype, value_head=value_head, value_head_params=value_head_params)
     return model, tokenizer

@@ -167,7 +167,8 @@ class Transformer(nnx.Module):
       embed [V, D]; layers.{attn_norm [L, D], wq [L, D, H, hd], wk/wv [L, D, KVH, hd],
       wo [L, H, hd, D], (bq [L, H, hd], bk/bv [L, KVH, hd]), (bo [L, D]), (q_norm/k_norm [L, hd]),
       mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D]}; final_norm [D]; lm_head [D, V]
-      when untied; value_head {w [D], b [1]} when ``value_head=True`` (initialised to zero).
+      when untied; value_head {w [D], b [1]} when ``value_head=True`` (zero here; the loaders put in the
+      checkpoint's head or a fresh normal(0.02) one, ``rljax.models.value_head``).
     """
 
     def __init__(

@@ -215,7 +215,10 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
            critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
            write_config: bool, read_only: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
-    model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers)
+    head_init = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
+                     seed=cfg.train.seed)
+    model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers,
+                            **head_init)
     optimizer = optimizer_for(cfg.optim, total_updates)
     if cfg.model.lora_rank:
         model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
@@ -228,7 +231,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     if critic is not None:
         # a critic directory without tokenizer files reads the policy's tokens with the policy's tokenizer
         critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers,
-                                              tokenizer=tokenizer)
+                                              tokenizer=tokenizer, **head_init)
         if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise UserError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
                              "the critic reads the policy's tokens, so they must match")
