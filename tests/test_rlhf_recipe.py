@@ -32,6 +32,7 @@ def test_every_rlhf_config_loads_and_the_stages_are_the_recipe():
                                                       ("grpo", "pairs", "ppo", "rm")]
     cfgs = {os.path.basename(p)[len("rlhf_sentiment_"):-5]: load_config(RunConfig, p) for p in CONFIGS}
     assert cfgs["rm"].algorithm.name == "reward_model" and cfgs["rm"].data.path == "runs/rlhf_sentiment/pairs.jsonl"
+    assert cfgs["rm"].data.eval_path == "runs/rlhf_sentiment/eval_pairs.jsonl"  # pairs of the held-out prompts
     for stage in ("ppo", "grpo"):
         cfg = cfgs[stage]
         assert cfg.algorithm.name == stage and cfg.algorithm.kl_coef > 0
@@ -59,12 +60,13 @@ def recipe_dir(tmp_path_factory):
                 f.write(json.dumps({"prompt": " ".join(words[(i * k) % 10] for k in (1, 3, 7)) + f" {i}"}) + "\n")
         with open("scorer.py", "w") as f:  # distinct scores for distinct texts
             f.write("def byte_sum(completions, **kw):\n    return [float(sum(c.encode())) for c in completions]\n")
-        assert cli_main(["pairs", os.path.join(REPO, "configs", "rlhf_sentiment_pairs.yaml"),
-                         "runs/rlhf_sentiment/pairs.jsonl", "--num-samples", "2", f"model.name={tiny_dir}", *_SMALL,
-                         "data.train_size=24", "data.eval_size=4",
-                         "rewards={scorer: {type: python, function: 'scorer.py:byte_sum'}}"]) == 0
+        for split, out in (("train", "pairs"), ("eval", "eval_pairs")):
+            assert cli_main(["pairs", os.path.join(REPO, "configs", "rlhf_sentiment_pairs.yaml"),
+                             f"runs/rlhf_sentiment/{out}.jsonl", "--num-samples", "2", "--split", split,
+                             f"model.name={tiny_dir}", *_SMALL, "data.train_size=24", "data.eval_size=4",
+                             "rewards={scorer: {type: python, function: 'scorer.py:byte_sum'}}"]) == 0
         rm = trainer_for(_config("rm", tiny_dir, "algorithm.batch_size=4", "algorithm.micro_batch_size=4",
-                                 "algorithm.max_completion_length=8", "data.eval_fraction=0.3")).fit()
+                                 "algorithm.max_completion_length=8")).fit()
     finally:
         os.chdir(cwd)
     return root, tiny_dir, rm
@@ -75,7 +77,10 @@ def test_rlhf_pairs_and_reward_model_stages(recipe_dir):
     root, _, rm = recipe_dir
     with open(root / "runs/rlhf_sentiment/pairs.jsonl") as f:
         pairs = [json.loads(line) for line in f]
+    with open(root / "runs/rlhf_sentiment/eval_pairs.jsonl") as f:
+        eval_prompts = {json.loads(line)["prompt"] for line in f}
     assert len(pairs) >= 16 and all(p["chosen_score"] > p["rejected_score"] for p in pairs)
+    assert eval_prompts and not eval_prompts & {p["prompt"] for p in pairs}  # held out from the training pairs
     assert "eval/rewards/accuracy" in rm["after"]  # held-out pair accuracy
     assert (root / "runs/rlhf_sentiment_rm/model/value_head.safetensors").is_file()
 
