@@ -3,6 +3,10 @@
 Each stage runs its config as committed, from a working directory holding the recipe's `runs/` layout, with the
 model swapped for the tiny one and the sizes cut; only the pairs' scorer is swapped too (VADER scores a tiny
 model's random bytes 0, so every pair would tie): a python reward that tells the samples apart.
+
+The chain's tests are marked heavy (run them with `-m heavy`): they took 82 s of CPU together (pairs, reward model,
+PPO, GRPO; each stage compiles its own programs), over the default suite's budget for this file; each stage's
+wiring is also covered by its own module's tests. The default suite keeps the configs' load-and-agree test.
 """
 
 import glob
@@ -72,7 +76,7 @@ def recipe_dir(tmp_path_factory):
     return root, tiny_dir, rm
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_rlhf_pairs_and_reward_model_stages(recipe_dir):
     root, _, rm = recipe_dir
     with open(root / "runs/rlhf_sentiment/pairs.jsonl") as f:
@@ -96,11 +100,11 @@ def _policy_stage(stage, recipe_dir, monkeypatch):
     assert summary["after"]["eval/reward"] == pytest.approx(summary["after"]["eval/rm"])  # the gold weighs 0
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_rlhf_ppo_stage_scores_with_the_learned_reward_and_logs_the_gold(recipe_dir, monkeypatch):
     _policy_stage("ppo", recipe_dir, monkeypatch)
 
 
-@pytest.mark.heavy  # the same wiring as the PPO stage with another algorithm: left out of the default suite for time
+@pytest.mark.heavy
 def test_rlhf_grpo_stage_scores_with_the_learned_reward_and_logs_the_gold(recipe_dir, monkeypatch):
     _policy_stage("grpo", recipe_dir, monkeypatch)
