@@ -77,7 +77,8 @@ class PromptFormat:
     its special tokens (BOS) -- for raw prompts to base models (``rljax generate`` without ``--chat``);
     leave False for chat-templated text, which holds any BOS already. ``buckets``: the widths prompts
     are padded to (None: ``rljax.data.batching.default_buckets(max_prompt_length)``; one width pins
-    every batch to it).
+    every batch to it). ``few_shot``: ``(user text, assistant reply)`` pairs shown before every prompt
+    (``rljax.data.prompts.format_prompt``).
     """
 
     chat: bool = True
@@ -87,6 +88,7 @@ class PromptFormat:
     too_long: str = "error"
     add_special_tokens: bool = False
     buckets: tuple[int, ...] | None = None
+    few_shot: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.too_long not in ("error", "filter"):
@@ -97,16 +99,17 @@ class PromptFormat:
     @classmethod
     def from_data(cls, data: Any) -> "PromptFormat":
         """The format of a run's ``data`` section (``chat``, ``system_prompt``, ``assistant_prefix``,
-        ``max_prompt_length``, ``too_long``)."""
+        ``max_prompt_length``, ``too_long``, ``few_shot``)."""
         return cls(chat=data.chat, system_prompt=data.system_prompt or "", assistant_prefix=data.assistant_prefix,
-                   max_prompt_length=data.max_prompt_length, too_long=data.too_long)
+                   max_prompt_length=data.max_prompt_length, too_long=data.too_long,
+                   few_shot=tuple((shot.user, shot.reply) for shot in data.few_shot))
 
 
 def render_prompt(tokenizer: Any, prompt: str | list[dict], fmt: PromptFormat) -> str:
     """The text ``prompt`` becomes under ``fmt`` (chat template, system prompt, assistant prefix):
     what :func:`encode_prompts` tokenises (with ``add_special_tokens=fmt.add_special_tokens``)."""
     return format_prompt(tokenizer, prompt, system_prompt=fmt.system_prompt or None, chat=fmt.chat,
-                         assistant_prefix=fmt.assistant_prefix)
+                         assistant_prefix=fmt.assistant_prefix, few_shot=fmt.few_shot)
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict]], fmt: PromptFormat) -> TokenizedPrompts:

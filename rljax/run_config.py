@@ -63,6 +63,14 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class FewShotExample:
+    """One worked example of ``data.few_shot``: a user turn and the assistant's reply to it."""
+
+    user: str
+    reply: str
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSection:
     task: str = "addition"  # a procedural task (rljax.data.tasks) ... or "" when `path` is given
     task_options: dict[str, int] = dataclasses.field(default_factory=dict)  # e.g. {digits: 2}
@@ -75,6 +83,10 @@ class DataSection:
     # Text that starts every response (e.g. "<answer>" or "<think>"), appended after the chat
     # template's assistant header; rewards score assistant_prefix + completion.
     assistant_prefix: str = ""
+    # Worked examples shown before every prompt, [{user: ..., reply: ...}] (chat: earlier turns after
+    # the system prompt), to show the reply's shape; none may be a held-out prompt.
+    # (a list: OmegaConf builds dataclass elements of lists, not of tuples)
+    few_shot: list[FewShotExample] = dataclasses.field(default_factory=list)
     chat: bool = True  # apply the tokenizer's chat template
     max_prompt_length: int = 128
     too_long: Literal["error", "filter"] = "error"

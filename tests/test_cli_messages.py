@@ -249,3 +249,34 @@ def test_a_failed_checkpoint_write_is_the_last_thing_printed(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     assert "File too large" in _last_line(done.stderr), done.stderr[-3000:]
     assert "sys.meta_path is None" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+# ----------------------------------------------------------------------------- transformers without torch
+
+# As if torch were not installed (rljax needs none): `import torch` fails and transformers'
+# `is_torch_available()` is False, so importing transformers prints its "PyTorch was not found" advisory.
+_NO_TORCH = textwrap.dedent("""
+    import sys
+    sys.modules["torch"] = None
+    if sys.argv[1] == "import":
+        import transformers
+    else:
+        import rljax.cli
+        assert "transformers" not in sys.modules, "importing rljax.cli imported transformers"
+        sys.exit(rljax.cli.main(sys.argv[1:]))
+""")
+
+
+def test_commands_do_not_print_the_pytorch_not_found_advisory(tmp_path):
+    model = make_tiny_model_dir(tmp_path / "model")
+    script = tmp_path / "no_torch.py"
+    script.write_text(_NO_TORCH)
+    env = _env()
+    env.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+    plain = subprocess.run([sys.executable, str(script), "import"], capture_output=True, text=True, env=env)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "PyTorch was not found" in plain.stderr  # the advisory the commands must silence
+    done = subprocess.run([sys.executable, str(script), "generate", "--model", model, "--prompt", "2+3=",
+                           "--max-new-tokens", "2"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PyTorch" not in done.stderr, done.stderr[-3000:]

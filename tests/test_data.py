@@ -201,6 +201,22 @@ def test_format_prompt_chat_template(tokenizer):
     assert format_prompts(tokenizer, [{"prompt": "U"}], chat=False, system_prompt="S") == ["S\n\nU"]
 
 
+def test_format_prompt_few_shot_turns_come_before_the_question(tokenizer):
+    shot = [("What is 1+2?", "1 + 2 = 3\n<answer>3</answer>")]
+    text = format_prompt(tokenizer, "What is 12+35?", system_prompt="S", few_shot=shot, assistant_prefix="<a>")
+    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nWhat is 1+2?<|im_end|>\n"
+                    "<|im_start|>assistant\n1 + 2 = 3\n<answer>3</answer><|im_end|>\n"
+                    "<|im_start|>user\nWhat is 12+35?<|im_end|>\n<|im_start|>assistant\n<a>")
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert format_prompt(tokenizer, messages, few_shot=[("Q", "A")]) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+        "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
+    assert format_prompts(tokenizer, [{"prompt": "U"}], chat=False, system_prompt="S",
+                          few_shot=[("Q1", "A1"), ("Q2", "A2")]) == ["S\n\nQ1\nA1\n\nQ2\nA2\n\nU"]
+    with pytest.raises(ValueError, match=r"few_shot\[0\] must be a \(user text, assistant reply\) pair"):
+        format_prompt(tokenizer, "U", few_shot=["Q"])
+
+
 def test_format_prompt_raw_and_errors():
     no_template = _make_tokenizer(chat_template=None)
     assert format_prompt(no_template, "What is 12+35?", chat=False) == "What is 12+35?"

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from rljax.config import ConfigError, FieldError, check_range, from_yaml, load_config
+from rljax.data import make_task
+from rljax.errors import UserError
 from rljax.models import load
 from rljax.rewards.base import build_rewards
 from rljax.rollout import PromptFormat
-from rljax.run_config import RunConfig
+from rljax.run_config import FewShotExample, RunConfig
 from rljax.training import OnlineTrainer
 from rljax.training.data import check_prompts, online_examples
 from rljax.training.run import build_run
@@ -345,3 +347,15 @@ def test_reward_model_directory_without_tokenizer_scores_with_the_policys(tmp_pa
     got = build_rewards(spec, tokenizer=tiny_tokenizer())(texts, examples).total
     np.testing.assert_array_equal(got, expected)
     assert np.all(np.isfinite(got)) and got[0] != got[1]
+
+
+def test_few_shot_examples_must_not_be_held_out_questions(tmp_path):
+    held_out = make_task("addition", split="eval", size=4, seed=0)[2]["prompt"]
+    base = "data: {task: addition, train_size: 8, eval_size: 4, chat: false, few_shot: [{user: %s, reply: '<answer>1</answer>'}]}\n" \
+           "rewards: {answer: 1.0}"
+    cfg = from_yaml(RunConfig, base % json.dumps(held_out))
+    assert cfg.data.few_shot == [FewShotExample(user=held_out, reply="<answer>1</answer>")]
+    with pytest.raises(UserError, match=r"data.few_shot\[0\].user is a held-out prompt \('What is"):
+        online_examples(cfg, None)
+    train, evals, _ = online_examples(from_yaml(RunConfig, base % json.dumps("What is 1+0?")), None)
+    assert len(train) == 8 and len(evals) == 4

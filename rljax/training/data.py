@@ -170,6 +170,7 @@ def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[di
         counts: dict[str, int] = {}
         train = checked(train, f"task {d.task!r} (train split)", "prompt", counts)
         evals = checked(evals, f"task {d.task!r} (eval split)", "prompt", counts, "eval_")
+        _check_few_shot_held_out(d.few_shot, evals)
         return train, evals, counts
 
     def read(source):
@@ -179,7 +180,18 @@ def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[di
         rows = checked(rows, f"{source} ({key})", d.prompt_column, counts)
         return [dict(r, key=prompt_key(r["prompt"])) for r in rows], counts
 
-    return _split_path(cfg, read)
+    train, evals, counts = _split_path(cfg, read)
+    _check_few_shot_held_out(d.few_shot, evals)
+    return train, evals, counts
+
+
+def _check_few_shot_held_out(few_shot, evals: list[dict]) -> None:
+    """A worked example shown in every prompt must not be a held-out question: the evaluation would
+    show the model its own answer."""
+    held_out = {r["prompt"].strip() for r in evals if isinstance(r.get("prompt"), str)}
+    for i, shot in enumerate(few_shot):
+        if shot.user.strip() in held_out:
+            raise UserError(f"data.few_shot[{i}].user is a held-out prompt ({shot.user!r}); pick a training question")
 
 
 def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dict[str, int]]:

@@ -128,7 +128,7 @@ class OfflineTrainer:
         """The rendered prompt text (chat template, system prompt and assistant prefix as ``data`` says)."""
         d = self.cfg.data
         return format_prompt(self.run.tokenizer, prompt, system_prompt=d.system_prompt or None, chat=d.chat,
-                             assistant_prefix=d.assistant_prefix)
+                             assistant_prefix=d.assistant_prefix, few_shot=[(shot.user, shot.reply) for shot in d.few_shot])
 
     def _encode(self, rows: list[dict], split: str) -> EncodedSet:
         d, a = self.cfg.data, self.cfg.algorithm
