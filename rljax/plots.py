@@ -6,7 +6,8 @@ Panels, each only where some run logged its key (offline runs have their own los
 keys; whatever exists is shown), in this order:
 
 * the training reward of each function and the total (``reward/<name>/mean``, ``reward/total/mean``);
-* every held-out metric (``eval/*``, less the ``eval/<name>/missing`` fractions and bound counts);
+* every held-out metric (``eval/*``, less the ``eval/<name>/missing`` fractions and the bounded
+  verifiers' ``/timeouts``, ``/memory``, ``/crashes`` counts);
 * the KL to the reference (``kl``, else ``kl/mean``), the policy's entropy (``entropy``, else
   ``policy/entropy``), the completion length (``completions/mean_length``, else
   ``completion/mean_length``), ``loss``, ``grad_norm``;
@@ -42,6 +43,9 @@ _FIXED_PANELS = (
 )
 
 
+_COUNTS = ("/missing", "/timeouts", "/memory", "/crashes")
+
+
 def plot_keys(records_per_run: Sequence[Sequence[dict[str, Any]]]) -> list[tuple[str, tuple[str, ...]]]:
     """The panels ``plot_runs`` draws for these runs' records: ``(title, keys)``, a run's curve in
     a panel being the first of ``keys`` that it logged (see the module docstring)."""
@@ -54,7 +58,8 @@ def plot_keys(records_per_run: Sequence[Sequence[dict[str, Any]]]) -> list[tuple
     keys = list(seen)
     rewards = [k for k in keys if k.startswith("reward/") and k.endswith("/mean")]
     rewards.sort(key=lambda k: k == "reward/total/mean")  # the functions, then their total
-    held_out = [k for k in keys if k.startswith("eval/") and not k.endswith("/missing") and "/bound" not in k]
+    # not the bounded verifiers' counters (eval/<name>/timeouts, /memory, /crashes: 0 in a healthy run)
+    held_out = [k for k in keys if k.startswith("eval/") and not k.endswith(_COUNTS)]
     panels = [(k, (k,)) for k in rewards + held_out]
     panels += [(title, options) for title, options in _FIXED_PANELS if any(k in seen for k in options)]
     offline = [k for k in keys if not k.startswith(("eval/", "reward/")) and k.endswith(("accuracy", "margin", "margins"))]

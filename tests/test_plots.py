@@ -41,7 +41,8 @@ def test_panels_are_the_keys_that_exist():
     # grad_norm logged only as null has no panel
     records = [{"step": 1, "reward/total/mean": 1.0, "reward/acc/mean": 1.0, "kl/mean": 0.1, "kl": 0.1,
                 "policy/entropy": 1.0, "completion/mean_length": 3, "loss": 1.0, "grad_norm": None},
-               {"step": 1, "eval/reward": 0.5, "eval/acc/missing": 0.5}]
+               {"step": 1, "eval/reward": 0.5, "eval/acc/missing": 0.5, "eval/acc/timeouts": 0.0,
+                "eval/acc/memory": 0.0, "eval/acc/crashes": 0.0}]  # a bounded verifier's counters: no panel
     assert plot_keys([records]) == [
         ("reward/acc/mean", ("reward/acc/mean",)), ("reward/total/mean", ("reward/total/mean",)),
         ("eval/reward", ("eval/reward",)), ("KL to the reference", ("kl", "kl/mean")),
