@@ -15,7 +15,6 @@ directly are grouped by their name less a ``__seedN`` suffix, and their seed is 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -26,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from rljax.errors import UserError
+from rljax.metrics_log import METRICS_FILE, read_jsonl
 from rljax.reporting import markdown_table, mean_std, write_json
 
 
@@ -62,20 +62,10 @@ def paired_bootstrap(treatment: Sequence[float], baseline: Sequence[float], *, l
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The lines of ``RUN_DIR/metrics.jsonl`` as dicts (a torn last line is skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    if not path.is_file():
-        return rows
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+    """The lines of ``RUN_DIR/metrics.jsonl`` as dicts (``rljax.metrics_log.read_jsonl``: a torn line
+    is skipped); none when the file is missing."""
+    path = Path(run_dir) / METRICS_FILE
+    return [row for row in read_jsonl(path) if isinstance(row, dict)] if path.is_file() else []
 
 
 def final_and_best(rows: Sequence[dict], key: str) -> tuple[float, float] | None:
