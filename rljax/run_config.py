@@ -170,6 +170,48 @@ class TrainSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshSection:
+    """The device mesh every part of the run uses (``rljax.sharding``): the batch is split over
+    ``data`` × ``fsdp``, parameters over ``fsdp`` (ZeRO-3) and ``tensor`` (heads, MLP width,
+    vocabulary). One size may be -1: the devices the others leave. The default puts every device on
+    ``fsdp`` (one CPU device: a 1×1×1 mesh, today's single-device run)."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    # overrides of rljax.sharding.DEFAULT_RULES: logical axis name -> mesh axis, list of mesh axes, or
+    # null (replicated), e.g. {vocab: null} keeps the embedding whole on every tensor shard
+    rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+                raise FieldError(name, f"must be a whole number >= 1, or -1 (the rest of the devices), got {size!r}")
+        if sum(size == -1 for size in sizes.values()) > 1:
+            raise FieldError("fsdp", f"at most one mesh axis may be -1 (the rest of the devices), got {sizes}")
+        from rljax.sharding import DEFAULT_RULES, MESH_AXES
+
+        known = dict(DEFAULT_RULES)
+        for name, target in self.rules.items():
+            if name not in known:
+                raise FieldError("rules", f"{name!r} is not a logical axis; the rules cover {sorted(known)}")
+            axes = [target] if isinstance(target, str) else list(target or [])
+            bad = [a for a in axes if a not in MESH_AXES]
+            if bad:
+                raise FieldError("rules", f"{name}: {target!r} names {bad}, not mesh axes; use {list(MESH_AXES)}, "
+                                          "a list of them, or null")
+
+    def rule_table(self) -> tuple:
+        """``rljax.sharding.DEFAULT_RULES`` with this section's overrides."""
+        from rljax.sharding import DEFAULT_RULES
+
+        table = dict(DEFAULT_RULES)
+        table.update({k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in self.rules.items()})
+        return tuple(table.items())
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -177,6 +219,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = GRPOConfig()  # type: ignore[valid-type]
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
+    mesh: MeshSection = MeshSection()
     # reward name -> weight (or {weight: w, ...options}); see rljax.rewards.base.build_rewards.
     # No default: a YAML's rewards replace nothing, they are the whole set. Online algorithms need at
     # least one; the preference-pair builder scores samples with them.

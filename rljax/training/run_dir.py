@@ -60,6 +60,9 @@ RESUMABLE_KEYS = (
     "algorithm.save_model",
     "train.plot",
     "train.run_dir",  # the directory was moved
+    "mesh.*",  # the devices: a run saved on one mesh resumes on another (checkpoints are sharded)
+    "model.logits_chunk",  # how the same numbers are computed (memory, not maths)
+    "model.remat",
 )
 """Dotted config keys (``fnmatch`` patterns) a resume may change: they do not change what is trained."""
 
