@@ -281,6 +281,13 @@ def _add_train(sub) -> None:
                    help="with --resume: continue from exactly checkpoint step N (later steps are set aside)")
     p.add_argument("--overwrite", action="store_true",
                    help="train.run_dir holds a previous run: delete its checkpoints, logs and config and start over")
+    g = p.add_argument_group(
+        "several processes (jax.distributed)",
+        "run the same command in every process, with its own --process-id; the mesh (mesh.*) spans the devices "
+        "of all of them. On a TPU pod or under SLURM leave these out: JAX reads them from the environment.")
+    g.add_argument("--coordinator-address", metavar="HOST:PORT", help="process 0's address, reachable by all")
+    g.add_argument("--num-processes", type=int, metavar="N")
+    g.add_argument("--process-id", type=int, metavar="I")
     p.set_defaults(func=_train)
 
 
@@ -294,6 +301,9 @@ def _train(args) -> int:
                          "train.run_dir, or delete it and start over)")
     if args.resume_step is not None and not args.resume:
         raise SystemExit("rljax train: --resume-step needs --resume")
+    from rljax.distributed import initialize
+
+    initialize(args.coordinator_address, args.num_processes, args.process_id)  # before any JAX computation
     cfg = load_config(RunConfig, args.config, args.overrides)
     start = time.perf_counter()
     trainer = trainer_for(cfg, resume=args.resume, resume_step=args.resume_step,  # online or offline, as the
@@ -306,6 +316,10 @@ def _train(args) -> int:
         print(f"# stopped by {signal.Signals(stop.signum).name} at step {stop.step} of {trainer.total_steps}, "
               f"checkpoint saved; continue with: {again}", file=sys.stderr, flush=True)
         return 128 + stop.signum
+    import jax
+
+    if jax.process_index() > 0:
+        return 0  # process 0 reports for a multi-process run
     _print_eval(summary)
     steps = trainer.total_steps
     print(f"# {cfg.algorithm.name}: trained {steps} steps in {time.perf_counter() - start:.0f} s; "

@@ -31,6 +31,7 @@ from rljax.data.batching import TokenizedPrompts, pad_token_id, tokenize_prompts
 from rljax.data.prompts import format_prompt
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
+from rljax.sharding import gather_rows, local_rows, place_batch, to_host
 
 __all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "render_prompt", "rollout",
            "sampling_config", "stop_token_ids"]
@@ -273,11 +274,17 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     prompt_mask = np.repeat(tok.attention_mask, repeats, axis=0)
     R, N = len(prompt_ids), sampling.max_new_tokens
     if R:
-        out = jax.tree.map(np.asarray, generate(policy, prompt_ids, prompt_mask, key, sampling))
+        # rows split over the active mesh's batch axes (none: the default device); the outputs
+        # come back whole to this host (all-gathered when several processes share the batch)
+        ids, ids_mask = place_batch((prompt_ids, prompt_mask))
+        sampled = generate(policy, ids, ids_mask, key, sampling)
+        mine = local_rows(sampled.tokens)  # the rows whose rewards this process computes
+        out = jax.tree.map(to_host, sampled)
         tokens, mask, logprobs, finished = out.tokens, out.mask, out.logprobs, out.finished
     else:  # every prompt filtered out (or none given): no sampler call
         tokens, mask = np.full((0, N), sampling.pad_token_id, np.int32), np.zeros((0, N), np.int32)
         logprobs, finished = np.zeros((0, N), np.float32), np.zeros((0,), bool)
+        mine = slice(0, 0)
     lengths = mask.sum(-1)
     texts = [fmt.assistant_prefix + tokenizer.decode(tokens[i, : lengths[i]], skip_special_tokens=True)
              for i in range(R)]
@@ -290,7 +297,11 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     metrics: dict[str, float] = {}
     if rewards is not None:
         if R:
-            reward = rewards(texts, row_examples)
+            # each process scores the rows its devices sampled (several processes: then shared)
+            local = rewards(texts[mine], row_examples[mine])
+            reward = RewardOutput(gather_rows(local.total, mine, R),
+                                  {k: gather_rows(v, mine, R) for k, v in local.per_function.items()},
+                                  gather_rows(local.missing, mine, R))
         else:
             reward = RewardOutput(np.zeros(0), {name: np.zeros(0) for name in rewards.names}, np.zeros(0, bool))
         scores = reward.total.astype(np.float32)  # finite: RewardSet refuses totals beyond float32

@@ -54,7 +54,13 @@ __all__ = [
     "batch_sharding",
     "replicated",
     "use_mesh",
+    "active_mesh",
     "constrain",
+    "on_mesh",
+    "place_batch",
+    "to_host",
+    "local_rows",
+    "gather_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -250,12 +256,85 @@ def shard_model(
     """
     is_module = isinstance(model, nnx.Module)
     graphdef, state = nnx.split(model) if is_module else model
-    state = jax.device_put(state, param_shardings(state, mesh, rules))
+    state = jax.tree.map(_put, state, param_shardings(state, mesh, rules))
     return nnx.merge(graphdef, state) if is_module else (graphdef, state)
+
+
+def _put(x: Any, sharding: NamedSharding) -> jax.Array:
+    """``x`` on ``sharding``. An array already there is kept (no copy); a host array, or a jax array
+    held whole by this process (made before the mesh, e.g. fresh LoRA adapters), is placed slice by
+    slice from host memory with ``jax.make_array_from_callback``, which is also right when several
+    processes share the mesh (each places only its own devices' slices of the same values, where
+    ``jax.device_put`` of a process-local array onto another process's devices is refused)."""
+    if isinstance(x, jax.Array):
+        if x.sharding == sharding:
+            return x
+        if not x.is_fully_addressable:
+            return jax.device_put(x, sharding)  # a global array: resharded by XLA
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+    """Every array leaf of ``tree`` on ``mesh``: leaves already sharded on it are kept, the others
+    (optimizer step counts, scalars made on the default device) are replicated.
+
+    ``optax`` optimizers' ``init(params)`` gives moments sharded like the parameters (``zeros_like``
+    keeps the sharding) but a step count on the default device, which a jitted update over the mesh
+    would refuse as an argument on other devices.
+    """
+
+    def leaf(x):
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
+            return x
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            return _put(x, replicated(mesh))
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+def place_batch(tree: Any, mesh: Mesh | None = None, rules: Rules | Mapping[str, MeshAxes] | None = None) -> Any:
+    """Every array of a batch (host or device) on ``mesh`` (default: :func:`active_mesh`), rows split.
+
+    A leaf whose leading dim (rows) is divisible by the ``batch`` rule's mesh axes is split over
+    them (:func:`batch_sharding`); any other (a last evaluation chunk of odd size, a scalar) is
+    replicated: every device then computes all of its rows, which is correct, only slower. Host
+    arrays must hold the *global* batch, the same on every process. Without a mesh the arrays become
+    ``jax.Array`` s on the default device (``jnp.asarray``), as before meshes.
+    """
+    mesh = active_mesh() if mesh is None else mesh
+    if mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tree)
+    rules = (_ACTIVE_RULES.get() or DEFAULT_RULES) if rules is None else rules
+    rows_sharding = batch_sharding(mesh, rules)
+    shards = math.prod(dict(mesh.shape)[a] for a in _axes_of(rows_sharding.spec[0]))
+
+    def leaf(x):
+        shape = np.shape(x)
+        split = len(shape) >= 1 and shape[0] % shards == 0
+        return _put(x, rows_sharding if split else replicated(mesh))
+
+    return jax.tree.map(leaf, tree)
+
+
+def _axes_of(target: MeshAxes) -> tuple[str, ...]:
+    return (target,) if isinstance(target, str) else tuple(target or ())
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A NumPy copy of the whole of ``x``: a jax array held only in part by this process (a batch
+    split over several hosts) is all-gathered across processes first (every process must call)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 # ---------------------------------------------------------------------- activation constraints
 _ACTIVE_RULES: contextvars.ContextVar = contextvars.ContextVar("rljax_sharding_rules", default=None)
+_ACTIVE_MESH: contextvars.ContextVar = contextvars.ContextVar("rljax_sharding_mesh", default=None)
 
 
 @contextlib.contextmanager
@@ -266,12 +345,19 @@ def use_mesh(mesh: Mesh, rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES):
     constraints take effect. Rules are read when a function is traced: a function already traced
     under this mesh is not retraced for other rules.
     """
-    token = _ACTIVE_RULES.set(rules)
+    token, mesh_token = _ACTIVE_RULES.set(rules), _ACTIVE_MESH.set(mesh)
     try:
         with jax.set_mesh(mesh):
             yield mesh
     finally:
+        _ACTIVE_MESH.reset(mesh_token)
         _ACTIVE_RULES.reset(token)
+
+
+def active_mesh() -> Mesh | None:
+    """The mesh of the innermost :func:`use_mesh`, or None outside one (where :func:`place_batch`
+    keeps arrays on the default device)."""
+    return _ACTIVE_MESH.get()
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
@@ -288,3 +374,43 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
         return x
     rules = _ACTIVE_RULES.get() or DEFAULT_RULES
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
+
+
+def local_rows(x: Any) -> slice:
+    """The rows (leading dim) of ``x`` this process's devices hold: all of them in a one-process run
+    or where the rows are replicated; a contiguous block where several processes split them."""
+    n = np.shape(x)[0]
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return slice(0, n)
+    starts, stops = [], []
+    for index in x.sharding.addressable_devices_indices_map(x.shape).values():
+        rows = index[0] if index else slice(None)
+        start, stop, _ = rows.indices(n)
+        starts.append(start)
+        stops.append(stop)
+    block = slice(min(starts), max(stops))
+    covered = set()
+    for start, stop in zip(starts, stops):
+        covered.update(range(start, stop))
+    if len(covered) != block.stop - block.start:
+        raise ValueError(f"this process holds rows {sorted(covered)} of {n}: not one contiguous block "
+                         "(a mesh whose batch axes interleave the processes' devices)")
+    return block
+
+
+def gather_rows(values: Any, rows: slice, total: int) -> np.ndarray:
+    """Every process's ``values`` (the host results for its :func:`local_rows` ``rows``), assembled
+    into the ``total`` rows, on every process (every process must call). One process, or rows that
+    were not split (``rows`` covers all): ``values`` itself."""
+    values = np.asarray(values)
+    if rows.start == 0 and rows.stop == total:
+        return values
+    from jax.experimental import multihost_utils
+
+    # each process sends its block and where it starts: blocks are equal-sized (the batch divides)
+    starts = np.asarray(multihost_utils.process_allgather(np.asarray([rows.start], np.int64), tiled=True))
+    blocks = np.asarray(multihost_utils.process_allgather(values[None], tiled=True))
+    out = np.empty((total,) + values.shape[1:], values.dtype)
+    for start, block in zip(starts, blocks):
+        out[start:start + len(block)] = block
+    return out

@@ -67,6 +67,8 @@ def load(
     value_head_init: str = "normal",
     value_head_std: float = DEFAULT_VALUE_HEAD_STD,
     seed: int = 0,
+    mesh=None,
+    rules=None,
 ):
     """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face directory.
 
@@ -77,7 +79,9 @@ def load(
     ``rljax.models.value_head``).
     ``scan_layers=True`` loops over the layers in training and scoring passes instead of unrolling
     them (``Transformer``). ``tokenizer``: used when a Hugging Face directory has none of its own
-    (:func:`read_checkpoint`).
+    (:func:`read_checkpoint`). ``mesh`` (and ``rules``, default ``rljax.sharding.DEFAULT_RULES``):
+    each tensor is placed straight onto its sharding (``rljax.models.sharded_loading.load_sharded``),
+    so the model never exists whole on one device.
     """
     from rljax.models.hf_io import model_from_params
 
@@ -85,7 +89,16 @@ def load(
                                                                    tokenizer=tokenizer)
     if value_head and value_head_params is None:
         value_head_params = fresh_value_head(config.hidden_size, init=value_head_init, std=value_head_std, seed=seed)
-    model = model_from_params(config, params, param_dtype=dtype if param_dtype is None else param_dtype, dtype=dtype,
-                              value_head=value_head, value_head_params=value_head_params)
+    param_dtype = dtype if param_dtype is None else param_dtype
+    if mesh is None:
+        model = model_from_params(config, params, param_dtype=param_dtype, dtype=dtype, value_head=value_head,
+                                  value_head_params=value_head_params)
+    else:
+        from rljax.models.sharded_loading import load_sharded
+        from rljax.sharding import DEFAULT_RULES
+
+        model = load_sharded(config, params, mesh, rules=DEFAULT_RULES if rules is None else rules,
+                             param_dtype=param_dtype, dtype=dtype, value_head=value_head,
+                             value_head_params=value_head_params)
     model.scan_layers = scan_layers  # static execution setting, no parameter
     return model, tokenizer

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from rljax.models.config import ModelConfig
 from rljax.models.hf_io import read_hf_dir
 from rljax.models.transformer import Transformer, abstract_model, init_model
-from rljax.models.value_head import DEFAULT_VALUE_HEAD_STD, fresh_value_head
+from rljax.models.value_head import DEFAULT_VALUE_HEAD_STD
 from rljax.sharding import DEFAULT_RULES, MeshAxes, Rules, param_shardings
 
 __all__ = ["init_sharded", "load_hf_dir_sharded", "load_pretrained_sharded", "load_sharded"]
@@ -132,11 +132,7 @@ def load_pretrained_sharded(
 ):
     """:func:`rljax.models.load` onto ``mesh``: ``(model, tokenizer)`` from a name, ``.gguf`` or HF directory
     (a fresh value head as there: ``rljax.models.value_head.fresh_value_head``)."""
-    from rljax.models import read_checkpoint
+    from rljax.models import load
 
-    config, params, value_head_params, tokenizer = read_checkpoint(name_or_path, value_head=value_head)
-    if value_head and value_head_params is None:
-        value_head_params = fresh_value_head(config.hidden_size, init=value_head_init, std=value_head_std, seed=seed)
-    model = load_sharded(config, params, mesh, rules=rules, param_dtype=dtype if param_dtype is None else param_dtype,
-                         dtype=dtype, value_head=value_head, value_head_params=value_head_params)
-    return model, tokenizer
+    return load(name_or_path, dtype=dtype, param_dtype=param_dtype, value_head=value_head,
+                value_head_init=value_head_init, value_head_std=value_head_std, seed=seed, mesh=mesh, rules=rules)

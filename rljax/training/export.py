@@ -18,12 +18,17 @@ from __future__ import annotations
 import json
 import os
 
+import jax
+from flax import nnx
+
 from rljax.algorithms import get as get_algorithm
 from rljax.config import load_config
+from rljax.distributed import is_main_process
 from rljax.errors import MissingFileError
 from rljax.models.hf_io import save_hf_dir
 from rljax.models.peft_io import save_peft_adapter
 from rljax.run_config import RunConfig
+from rljax.sharding import to_host
 from rljax.training.run import Run, build_run
 
 REWARD_MODEL_META = "rljax_reward_model.json"
@@ -34,11 +39,11 @@ def _is_reward_model(cfg: RunConfig) -> bool:
     return not algo.online and bool(algo.value_head)
 
 
-def export_model(run: Run, directory: str) -> str:
-    """Write the run's policy as a Hugging Face directory (LoRA merged; value head and, for a reward
-    model, its prompt format included); returns ``directory``."""
+def export_model(run: Run, directory: str, *, model=None) -> str:
+    """Write the run's policy (or ``model``, the same gathered to the host) as a Hugging Face directory
+    (LoRA merged; value head and, for a reward model, its prompt format included); returns ``directory``."""
     cfg = run.cfg
-    save_hf_dir(directory, run.policy.model(), run.tokenizer)
+    save_hf_dir(directory, run.policy.model() if model is None else model, run.tokenizer)
     if _is_reward_model(cfg):
         d, a = cfg.data, cfg.algorithm
         meta = {"chat": d.chat, "system_prompt": d.system_prompt, "assistant_prefix": d.assistant_prefix,
@@ -51,12 +56,23 @@ def export_model(run: Run, directory: str) -> str:
 
 def export_run(run: Run, out: str) -> dict[str, str]:
     """Write ``out/model`` (:func:`export_model`) and, for a LoRA run, ``out/adapter`` (a PEFT
-    adapter); returns ``{"model_dir": ..., "adapter_dir": ...}`` (the latter only for LoRA)."""
-    written = {"model_dir": export_model(run, os.path.join(out, "model"))}
+    adapter); returns ``{"model_dir": ..., "adapter_dir": ...}`` (the latter only for LoRA).
+
+    In a multi-process run every process must call it: the parameters are gathered to the host
+    (each process contributes its shards), and process 0 writes."""
+    model = run.policy.model()
+    if jax.process_count() > 1:
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, jax.tree.map(to_host, state))
+    written = {"model_dir": os.path.join(out, "model")}
     if run.cfg.model.lora_rank:
-        adapter = os.path.join(out, "adapter")
-        save_peft_adapter(adapter, run.policy.model(), lora_alpha=run.cfg.model.lora_alpha, base_model=run.cfg.model.name)
-        written["adapter_dir"] = adapter
+        written["adapter_dir"] = os.path.join(out, "adapter")
+    if not is_main_process():
+        return written
+    export_model(run, written["model_dir"], model=model)
+    if run.cfg.model.lora_rank:
+        save_peft_adapter(written["adapter_dir"], model, lora_alpha=run.cfg.model.lora_alpha,
+                          base_model=run.cfg.model.name)
     return written
 
 

@@ -27,6 +27,7 @@ on import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ from typing import Any
 
 from rljax.host_memory import keep_host_memory
 from rljax.metrics_log import MetricsLogger
+from rljax.sharding import use_mesh
 from rljax.training.run_dir import config_dict
 from rljax.update import NonFiniteLossError
 
@@ -131,7 +133,20 @@ def write_curves(train, *, active: bool = True) -> None:
 
 
 def fit(trainer) -> dict[str, Any]:
-    """Train ``trainer`` to ``trainer.total_steps``; returns the summary (also ``RUN_DIR/summary.json``)."""
+    """Train ``trainer`` to ``trainer.total_steps``; returns the summary (also ``RUN_DIR/summary.json``).
+
+    Everything runs inside the run's mesh (``run.mesh``, ``rljax.sharding.use_mesh``): batches are
+    placed split over it and the model's activation constraints apply."""
+    with mesh_of(trainer.run):
+        return _fit(trainer)
+
+
+def mesh_of(run):
+    """``use_mesh(run.mesh, run.rules)``, or nothing for a run built without a mesh."""
+    return contextlib.nullcontext() if run.mesh is None else use_mesh(run.mesh, run.rules)
+
+
+def _fit(trainer) -> dict[str, Any]:
     keep_host_memory()
     run, train = trainer.run, trainer.run.cfg.train
     logger = MetricsLogger(train.run_dir, tensorboard=train.tensorboard, total_steps=trainer.total_steps,
@@ -189,8 +204,9 @@ def fit(trainer) -> dict[str, Any]:
         summary["steps"] = run.step
         trainer.on_end(summary)
         run.checkpointer.wait()  # summary.json is written once the final checkpoint is on disk
-        with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        if logger.active:  # process 0 of a multi-process run
+            with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
         write_curves(train, active=logger.active)
     finally:
         run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
@@ -200,4 +216,4 @@ def fit(trainer) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["Preempted", "fit", "save", "write_curves"]
+__all__ = ["Preempted", "fit", "mesh_of", "save", "write_curves"]

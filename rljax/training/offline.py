@@ -32,6 +32,7 @@ from rljax.data.batching import PromptIterator, default_buckets, pad_token_id
 from rljax.data.encoded import EncodedSet, collate, encode_rows
 from rljax.data.prompts import format_prompt
 from rljax.run_config import RunConfig
+from rljax.sharding import place_batch, to_host
 from rljax.training import loop
 from rljax.training.data import offline_rows
 from rljax.training.export import export_run
@@ -98,8 +99,9 @@ class OfflineTrainer:
             if needs_ref:
                 t0 = time.perf_counter()
                 sets = (self.eval_set,) if (evaluate_only or live_reference) else (self.train_set, self.eval_set)
-                for s in sets:
-                    s.values["ref_logps"] = self._score_set(s, self.run.reference())[0]
+                with loop.mesh_of(self.run):
+                    for s in sets:
+                        s.values["ref_logps"] = self._score_set(s, self.run.reference())[0]
                 self.ref_seconds = time.perf_counter() - t0
             self.live_reference = live_reference
             self.evaluate_only = evaluate_only
@@ -147,16 +149,20 @@ class OfflineTrainer:
         return collate(data, indices, kind=self.kind, num_completions=self.num_completions, pad_id=self.pad_id,
                        prompt_buckets=self.prompt_buckets, completion_buckets=self.completion_buckets, rows=rows)
 
+    def _placed(self, batch):
+        """A host batch on the run's mesh, rows split over its batch axes (``rljax.sharding.place_batch``)."""
+        return place_batch(batch, self.run.mesh, self.run.rules)
+
     def _score_set(self, data: EncodedSet, params) -> tuple[np.ndarray, np.ndarray]:
         """``[n, K]`` scores (summed log-probs or rewards) and lengths of every completion, no gradient."""
         size, p = self.cfg.algorithm.eval_batch_size, self.run.policy
         scores, lengths = [], []
         for start in range(0, len(data), size):
             idx = range(start, min(start + size, len(data)))
-            s, n = score_batch(p.graphdef, params, p.frozen, self.batch(data, idx, rows=size),
+            s, n = score_batch(p.graphdef, params, p.frozen, self._placed(self.batch(data, idx, rows=size)),
                                algorithm=self.algorithm.name)
-            scores.append(np.asarray(s)[: len(idx)])
-            lengths.append(np.asarray(n)[: len(idx)])
+            scores.append(to_host(s)[: len(idx)])
+            lengths.append(to_host(n)[: len(idx)])
         if not scores:
             return np.zeros((0, self.num_completions), np.float32), np.zeros((0, self.num_completions), np.float32)
         return np.concatenate(scores), np.concatenate(lengths)
@@ -166,7 +172,7 @@ class OfflineTrainer:
         """One batch, one update; advances ``step``."""
         a, run = self.cfg.algorithm, self.run
         t0 = time.perf_counter()
-        batch = jax.tree.map(jax.numpy.asarray, self.batch(self.train_set, self.iterator.next_indices()))
+        batch = self._placed(self.batch(self.train_set, self.iterator.next_indices()))
         metrics: dict[str, float] = {}
         if self.live_reference:  # full fine-tuning: the kept copy; LoRA: the base (adapters' B zeroed)
             t1 = time.perf_counter()

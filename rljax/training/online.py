@@ -32,6 +32,7 @@ from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
+from rljax.distributed import is_main_process
 from rljax.errors import UserError
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.losses.kl import kl_penalty
@@ -42,6 +43,7 @@ from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
 from rljax.run_config import RunConfig
+from rljax.sharding import place_batch, to_host
 from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
@@ -146,7 +148,7 @@ def rollout_batch(roll: Rollout, *, mask_truncated: bool) -> RolloutBatch:
     row_mask = np.asarray(roll.row_mask, bool)
     keep = row_mask & (np.asarray(roll.finished, bool) if mask_truncated else True)
     loss_mask = roll.completion_mask * keep[:, None].astype(np.int32)
-    return jax.tree.map(jnp.asarray, RolloutBatch(
+    return place_batch(RolloutBatch(
         prompt_ids=roll.prompt_ids, prompt_mask=roll.prompt_mask, completion_ids=roll.completion_ids,
         completion_mask=roll.completion_mask, loss_mask=loss_mask, old_logprobs=roll.logprobs,
         scores=np.asarray(roll.scores, np.float32), row_mask=row_mask, finished=np.asarray(roll.finished, bool)))
@@ -344,6 +346,8 @@ class OnlineTrainer:
             logger.log_samples(self.run.step, _sample_rows(self.last_rollouts, prefix="reward/"))
 
     def on_evaluate(self, step: int) -> None:
+        if not is_main_process():
+            return
         with open(os.path.join(self.cfg.train.run_dir, f"eval_samples_step{step}.jsonl"), "w") as f:
             for roll in self.last_eval_rollouts:
                 for row in _sample_rows(roll, prefix=""):

@@ -9,8 +9,13 @@ adapters, splits it into ``(graphdef, trainable, frozen)``, keeps a reference wh
 fine-tuning: a copy; LoRA: none, the reference is the base with the adapters' B set to zero),
 builds the optimizer (its schedule counts optimizer updates), opens the checkpointer, restores the
 latest checkpoint on ``resume`` and writes the resolved ``config.yaml``. The online and offline
-trainers (``rljax.training.online`` / ``.offline``) differ only in what they do with it. (The mesh
-joins here: issue "scale".)
+trainers (``rljax.training.online`` / ``.offline``) differ only in what they do with it.
+
+The device mesh (``cfg.mesh``, ``rljax.sharding``) is built here first: the model is loaded straight
+onto its shardings (each tensor placed slice by slice, never whole on one device), LoRA adapters and
+optimizer states follow their parameters, the reference copy keeps them, and ``run.mesh`` /
+``run.rules`` are what ``fit`` enters (``rljax.sharding.use_mesh``) so that batches and activations
+are split too. One CPU device is a 1×1×1 mesh.
 
 A run that writes its directory (``write_config=True``) owns it (``rljax.training.run_dir``): first
 it takes the directory's lock (held until :meth:`Run.close`, which ``fit`` calls at the end), then a
@@ -25,6 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 from typing import Any
 
 import jax
@@ -34,10 +40,13 @@ from flax import nnx
 
 from rljax.checkpoint import Checkpointer
 from rljax.config import save_config
+from rljax.distributed import is_main_process
 from rljax.errors import MissingFileError, UserError
 from rljax.models import dtype_from_name, load
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
+from rljax.config import ConfigError
 from rljax.run_config import RunConfig
+from rljax.sharding import make_mesh, on_mesh, shard_model
 from rljax.training.run_dir import RunDirError, RunDirLock, check_fresh, clear_run, config_dict, config_differences
 from rljax.update import optimizer_for
 
@@ -78,6 +87,8 @@ class Run:
     step: int = 0
     restored_metadata: dict | None = None
     lock: RunDirLock | None = None  # the run directory's lock; None for a read-only run (eval)
+    mesh: Any = None  # the device mesh every array of the run lives on (cfg.mesh)
+    rules: Any = None  # its logical-axis rules (cfg.mesh.rule_table())
 
     def reference(self):
         """The reference policy's parameters, shaped like ``policy.params``: the kept copy, or for
@@ -155,13 +166,33 @@ class Run:
             self.lock.release()
 
     def save_config(self) -> None:
-        """Write the resolved config to ``RUN_DIR/config.yaml``."""
+        """Write the resolved config to ``RUN_DIR/config.yaml`` (process 0 of a multi-process run)."""
+        if not is_main_process():
+            return
         save_config(self.cfg, os.path.join(self.cfg.train.run_dir, "config.yaml"))
 
 
-def _train_state(model, optimizer, *, trainable) -> TrainState:
+def _train_state(model, optimizer, *, trainable, mesh) -> TrainState:
     graphdef, params, frozen = nnx.split(model, trainable, ...)
-    return TrainState(graphdef, params, frozen, optimizer, optimizer.init(params))
+    # moments follow their parameters' shardings; the step count is replicated (on_mesh)
+    return TrainState(graphdef, params, frozen, optimizer, on_mesh(optimizer.init(params), mesh))
+
+
+def run_mesh(cfg: RunConfig):
+    """The run's device mesh from ``cfg.mesh`` over every device of the runtime (all processes);
+    a size that does not fit the device count is a ``ConfigError`` naming ``mesh``."""
+    m = cfg.mesh
+    try:
+        mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+    except ValueError as err:
+        raise ConfigError("mesh", f"{err} (jax sees {jax.device_count()} device(s): "
+                                  f"{jax.devices()[0].platform})") from None
+    if mesh.size > 1 and jax.process_index() == 0:
+        sizes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
+        print(f"mesh {sizes} over {mesh.size} {jax.devices()[0].platform} devices"
+              f"{f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''}", file=sys.stderr,
+              flush=True)
+    return mesh
 
 
 def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_reference: bool = False,
@@ -191,7 +222,9 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
         raise ValueError("resume_step (--resume-step) needs resume (--resume)")
     os.makedirs(cfg.train.run_dir, exist_ok=True)
     lock = None
-    if write_config:
+    # in a multi-process run process 0 owns the directory (lock, checks, config.yaml); the others
+    # only write their shards of checkpoints
+    if write_config and is_main_process():
         lock = RunDirLock(cfg.train.run_dir)  # first: nothing is checked or deleted while another run writes
         try:
             check_fresh(cfg.train.run_dir, resume=resume, overwrite=overwrite)
@@ -215,17 +248,20 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
            critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
            write_config: bool, read_only: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
+    mesh, rules = run_mesh(cfg), cfg.mesh.rule_table()
     head_init = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
-                     seed=cfg.train.seed)
+                     seed=cfg.train.seed, mesh=mesh, rules=rules)
     model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers,
                             **head_init)
     optimizer = optimizer_for(cfg.optim, total_updates)
     if cfg.model.lora_rank:
         model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                          targets=cfg.model.lora_targets, seed=cfg.train.seed)
+        model = shard_model(model, mesh, rules)  # the fresh adapters; the loaded weights are already placed
     # static execution settings (rljax.logprobs, Transformer.forward), set before the split
     model.logits_chunk, model.remat = cfg.model.logits_chunk, cfg.model.remat
-    policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param)
+    policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param,
+                          mesh=mesh)
     ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
     critic_state = None
     if critic is not None:
@@ -238,13 +274,14 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
         critic_model.remat = cfg.model.remat
-        critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param)
+        critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param,
+                                    mesh=mesh)
     # read-only (rljax eval --checkpoint): it must not delete the temporary directory of a save that
     # a training process still writing the run has in flight
     checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
                                 max_to_keep=2, read_only=read_only)
     run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state,
-              lock=lock)
+              lock=lock, mesh=mesh, rules=rules)
     if resume:
         run.restore(resume_step)
     if write_config:
@@ -252,4 +289,4 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     return run
 
 
-__all__ = ["Run", "TrainState", "build_run"]
+__all__ = ["Run", "TrainState", "build_run", "run_mesh"]

@@ -1,0 +1,78 @@
+"""Several processes, one JAX runtime: ``jax.distributed.initialize``, as TPU pods and GPU clusters run.
+
+    initialize(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=0)   # explicit
+    initialize()                      # on a TPU pod or under SLURM: JAX finds the cluster itself
+
+Every process then runs the same program: ``jax.devices()`` lists the devices of all processes,
+the run's mesh (``rljax.training.run.run_mesh``) spans them, and each process holds the shards of
+parameters and batches that live on its own devices. What differs between processes is only what
+touches the host: only process 0 writes logs, samples, ``config.yaml``, ``summary.json`` and the
+exported model; every process writes its own shards of a checkpoint (orbax); rewards are computed by
+the process whose devices hold the rows (``rljax.rollout``; ``rljax.sharding.local_rows``).
+
+On the CPU backend the cross-process collectives need gloo
+(``jax_cpu_collectives_implementation``; without it: "Multiprocess computations aren't implemented
+on the CPU backend"), set here before the backend starts. The device count per process is fixed when
+jax starts: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from rljax.errors import UserError
+
+__all__ = ["cluster_detected", "initialize", "is_main_process"]
+
+
+def cluster_detected(environ=None) -> bool:
+    """Whether the environment is a multi-process job ``jax.distributed.initialize()`` can find by
+    itself: a SLURM job step with more than one task, or a TPU slice with more than one host."""
+    env = os.environ if environ is None else environ
+    if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
+        return True
+    hosts = env.get("TPU_WORKER_HOSTNAMES", "")
+    return "," in hosts
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *, timeout_s: int = 300) -> bool:
+    """Join (or form) the multi-process runtime; returns whether this is a multi-process run.
+
+    All three arguments, or none: none on a cluster :func:`cluster_detected` recognises lets JAX read
+    them from the environment; none elsewhere is a single-process run (nothing is done). Must run
+    before any JAX computation in the process (the backend starts with the first one).
+    ``timeout_s``: how long to wait for the other processes to join.
+    """
+    given = {"--coordinator-address": coordinator_address, "--num-processes": num_processes,
+             "--process-id": process_id}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise UserError(f"a multi-process run needs --coordinator-address, --num-processes and --process-id "
+                            f"together; missing {', '.join(missing)}")
+        if ":" not in coordinator_address:
+            raise UserError(f"--coordinator-address must be HOST:PORT, got {coordinator_address!r}")
+        if not (num_processes >= 1 and 0 <= process_id < num_processes):
+            raise UserError(f"--process-id must be in [0, --num-processes={num_processes}), got {process_id}")
+        _use_gloo_on_cpu()
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=timeout_s)
+        return num_processes > 1
+    if cluster_detected():
+        _use_gloo_on_cpu()
+        jax.distributed.initialize(initialization_timeout=timeout_s)
+        return jax.process_count() > 1
+    return False
+
+
+def _use_gloo_on_cpu() -> None:
+    # harmless where the devices are accelerators: it only selects the CPU backend's collectives
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def is_main_process() -> bool:
+    """Process 0: the one that writes files shared by the run (logs, config, summary, exported model)."""
+    return jax.process_index() == 0
