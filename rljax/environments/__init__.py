@@ -2,4 +2,10 @@
 
 ``sandbox``     ``run_python``: untrusted Python in a process group with rlimits, a scratch directory,
                 an empty environment and, where bwrap works, namespaces (no network, read-only files)
+``code_tasks``  data task ``code`` (function-writing problems with hidden unit tests) and reward
+                ``code_tests``; ``check_code`` for a multi-turn retry environment
+
+Importing this package registers its data tasks and rewards (``rljax.training.data`` imports it).
 """
+
+from rljax.environments import code_tasks  # noqa: F401 - registers task "code", reward "code_tests"
