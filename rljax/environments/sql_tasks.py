@@ -53,12 +53,9 @@ _NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivan", "Ja
           "Bo", "Cyrus", "Dina", "Elio", "Faye", "Gil", "Hugo", "Iris", "Jonas", "Kira", "Leo", "Mara", "Nils")
 _DEPARTMENTS = ("Sales", "Engineering", "Marketing", "Support", "Finance", "Legal")
 _CITIES = ("Lisbon", "Oslo", "Lima", "Cairo", "Osaka", "Quito", "Perth", "Accra")
-_EMPLOYEES = ("CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT NOT NULL, department TEXT NOT NULL, "
-              "salary INTEGER NOT NULL, age INTEGER NOT NULL)")
-_CUSTOMERS = "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL)"
-_ORDERS = ("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id), "
-           "amount INTEGER NOT NULL, year INTEGER NOT NULL)")
-
+_EMPLOYEES = "CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, department TEXT, salary INTEGER, age INTEGER)"
+_CUSTOMERS = "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, city TEXT)"
+_ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, amount INTEGER, year INTEGER)"
 
 def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") & 0x7FFF_FFFF
