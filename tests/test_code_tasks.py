@@ -25,6 +25,12 @@ def test_problems_are_deterministic_distinct_and_split_by_question():
     assert {e["template"] for e in train} <= {t.name for t in TEMPLATES}
 
 
+def test_hidden_tests_never_all_expect_one_value():
+    # else a constant function (`return True`) would pass them all
+    for example in make_task("code", split="train", size=300, seed=5):
+        assert len({repr(case["expected"]) for case in example["tests"]["cases"]}) > 1, example["key"]
+
+
 def test_a_problem_by_hand():
     problem = make_problem("poly", {"a": 1, "b": 2, "c": 3}, num_tests=4, seed=0, instruction=None)
     shown = int(problem["prompt"].split("poly(")[2].split(")")[0])

@@ -84,6 +84,13 @@ def _sprinkle(rng, word: str, char: str) -> str:
     return word
 
 
+def _divisible_input(rng, a: int, b: int) -> int:
+    """A multiple of both, of one of them, or any number, a third of the time each."""
+    kind = int(rng.integers(0, 3))
+    base = a * b // math.gcd(a, b) if kind == 0 else (a, b)[int(rng.integers(0, 2))] if kind == 1 else 1
+    return int(rng.integers(0, 60 if kind < 2 else 500)) * base
+
+
 def _word(rng, low=1, high=12):
     letters = "abcdefghijklmnopqrstuvwxyz"
     return "".join(letters[int(i)] for i in rng.integers(0, 26, size=int(rng.integers(low, high + 1))))
@@ -147,7 +154,7 @@ TEMPLATES: tuple[_Template, ...] = (
               lambda r: {"a": int(r.integers(2, 13)), "b": int(r.integers(2, 13))},
               "returns True when n is divisible by both {a} and {b}, else False",
               "def divisible_by_both(n):\n    return n % {a} == 0 and n % {b} == 0\n",
-              lambda r, p: [int(r.integers(0, 40)) * (p["a"] if r.random() < 0.5 else 1) * p["b"]]),
+              lambda r, p: [_divisible_input(r, p["a"], p["b"])]),
     _Template("every_nth", "(xs: list[int]) -> list[int]", lambda r: {"k": int(r.integers(2, 6))},
               "returns every {k}-th element of xs starting with the first (indices 0, {k}, 2*{k}, ...)",
               "def every_nth(xs):\n    return xs[::{k}]\n",
@@ -181,11 +188,17 @@ def make_problem(template: str, params: Mapping[str, Any], *, num_tests: int = 5
         args = t.inputs(rng, params)
         if args not in calls:
             calls.append(args)
-        if len(calls) == num_tests + 1:
+        if len(calls) == 4 * (num_tests + 1):
             break
     if len(calls) < 2:
         raise ValueError(f"code template {template!r}: could not draw distinct test inputs for {params}")
-    shown, hidden = calls[0], calls[1:]
+    shown, hidden, spare = calls[0], calls[1:num_tests + 1], calls[num_tests + 1:]
+    # Hidden tests that all expect one value would pass a constant function: swap one for a spare
+    # input with another answer where there is one (e.g. True and False for divisible_by_both).
+    if len(hidden) > 1 and len({repr(fn(*a)) for a in hidden}) == 1:
+        other = next((a for a in spare if repr(fn(*a)) != repr(fn(*hidden[0]))), None)
+        if other is not None:
+            hidden[-1] = other
     description = t.describe.format(**params)
     prompt = (f"Write a Python function `{t.name}{t.signature}` that {description}. "
               f"For example, {_call_text(t.name, shown)} == {fn(*shown)!r}.")
