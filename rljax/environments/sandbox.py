@@ -342,7 +342,7 @@ def _bwrap_argv(scratch: str, prefix: str, cfg: SandboxConfig, root: bool) -> li
     if not root:  # unprivileged bwrap needs a user namespace; there RLIMIT_NPROC counts this sandbox alone
         argv += ["--unshare-user"]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    hidden = _hidden_paths(cfg)
+    hidden = _hidden_paths(cfg, prefix)
     for path in hidden:
         argv += ["--perms", "0755", "--tmpfs", path]
     # Mount back what the interpreter needs from under a hidden path (a Python under /root/.pyenv),
@@ -359,14 +359,23 @@ def _bwrap_argv(scratch: str, prefix: str, cfg: SandboxConfig, root: bool) -> li
     return argv + ["--chdir", SCRATCH_INSIDE, "--"]
 
 
-def _hidden_paths(cfg: SandboxConfig) -> list[str]:
+# What the interpreter itself needs (shared libraries, ld.so's cache, locales): never hidden, nor
+# any directory holding one of them (a working directory of "/" or "/usr").
+_SYSTEM_PATHS = ("/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr")
+
+
+def _hidden_paths(cfg: SandboxConfig, prefix: str) -> list[str]:
+    """The paths under an empty tmpfs: `HIDDEN_PATHS`, the caller's working directory, `cfg.hide`;
+    not one that holds a system directory, that is the interpreter's prefix, or that lies inside it
+    (a prefix inside a hidden path is mounted back instead)."""
     candidates = list(HIDDEN_PATHS) + [os.getcwd()] + list(cfg.hide)
     if "/tmp" not in candidates:
         candidates.append("/tmp")  # SCRATCH_INSIDE lives on it
     out: list[str] = []
     for path in candidates:
         path = os.path.realpath(path)
-        if path == "/" or not os.path.isdir(path) or any(_inside(path, p) for p in out):
+        if (not os.path.isdir(path) or any(_inside(system, path) for system in _SYSTEM_PATHS)
+                or _inside(path, prefix) or any(_inside(path, p) for p in out)):
             continue
         out = [p for p in out if not _inside(p, path)] + [path]
     return sorted(out)
