@@ -29,13 +29,17 @@ layers, each of which stops some of these on its own:
    the caller is root, anything not readable by `nobody`.
 
 Why the program runs as `nobody` when the caller is root, measured on this machine (Linux 6.18,
-bubblewrap 0.8): the kernel never applies RLIMIT_NPROC to uid 0, nor to a user namespace whose uid
-maps to 0 (bwrap --unshare-user run by root), so a fork bomb run as root reached the `pid_max` of the
-host within the timeout. The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`,
-`setuid`) inside the namespaces root's bwrap built (it keeps the user namespace of the host, where it
-has the right to), and then `fork` fails with EAGAIN past `max_processes` (19 children with a limit
-of 20, measured). As `nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`:
-EPERM; inside the PID namespace its parent is bwrap's init, pid 1, anyway), nor read root's files.
+bubblewrap 0.8), with RLIMIT_NPROC = 5 and a program that forks 20 sleeping children: as root, 20
+forks succeed (the kernel exempts uid 0 from RLIMIT_NPROC); inside `bwrap --unshare-user --uid 65534`
+started by root, 20 again (the namespace's uid maps to uid 0 outside, which is what the kernel
+checks). So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
+The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`, `setuid`) inside the
+namespaces root's bwrap built (it keeps the host's user namespace, where root may change uid), and
+then `fork` fails with EAGAIN past `max_processes` (19 children with a limit of 20, measured). As
+`nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`: EPERM; inside the PID
+namespace its parent is bwrap's init anyway), nor read root's files. At the timeout, killing bwrap's
+process group takes its PID namespace down with it: children that left the process group (setsid)
+die too (tests/test_sandbox.py checks that none is left).
 The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
 `max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
 runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
