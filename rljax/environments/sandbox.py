@@ -43,7 +43,9 @@ die too (tests/test_sandbox.py checks that none is left).
 The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
 `max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
 runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
-processes of that namespace alone, so the limit is `max_processes`.
+processes of that namespace alone (measured as `nobody` with RLIMIT_NPROC = 5 while 6 other
+processes of `nobody` ran: 3 forks inside bwrap's user namespace, the program and bwrap's init
+being the other 2; 0 forks without bwrap), so the limit is `max_processes`.
 
 Without bwrap (or with `use_namespaces=False`) the program runs with layers 1-4 only, and bwrap's
 absence is logged once; `require_namespaces=True` refuses instead (`SandboxUnavailable`). Then:
