@@ -8,6 +8,7 @@ import pytest
 import rljax.environments  # noqa: F401 - registers the "code" task and the "code_tests" reward
 from rljax.data import make_task
 from rljax.environments.code_tasks import TEMPLATES, check_code, extract_code, make_problem
+from rljax.environments.sandbox import SandboxUnavailable
 from rljax.rewards import build_rewards, registered_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 
@@ -123,6 +124,9 @@ def test_code_tests_reward_scores_a_batch():
     assert metrics["reward/code/timeouts"] == 1.0 and metrics["reward/code/crashes"] == 0.0
 
 
-def test_code_tests_reward_checks_its_sandbox_settings():
+def test_code_tests_reward_checks_its_sandbox_settings_at_start():
     with pytest.raises(ValueError, match=r"rewards.code.sandbox: unknown setting\(s\) 'timeout'"):
         build_rewards({"code": {"type": "code_tests", "sandbox": {"timeout": 1}}})
+    with pytest.raises(SandboxUnavailable, match="rewards.code.sandbox.require_namespaces is true"):
+        build_rewards({"code": {"type": "code_tests",
+                                "sandbox": {"use_namespaces": False, "require_namespaces": True}}})

@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from rljax.data.tasks import question_split, register_task
-from rljax.environments.sandbox import ExecResult, SandboxConfig, run_python
+from rljax.environments.sandbox import ExecResult, SandboxConfig, check_namespaces, run_python
 from rljax.rewards.base import check_batch, register_reward
 
 DEFAULT_INSTRUCTION = "Reply with only the function in a ```python code block."
@@ -374,6 +374,7 @@ def make_code_tests_reward(*, sandbox: Mapping[str, Any] | None = None, config_k
     ("timeout", "memory", "crash" for any other kill), logged as `reward/<name>/timeouts` etc."""
     label = f"rewards.{config_key or 'code_tests'}.sandbox"
     cfg = SandboxConfig.from_options({**DEFAULT_SANDBOX, **dict(sandbox or {})}, key=label)
+    check_namespaces(cfg, key=label)  # require_namespaces without bwrap: fail at start
 
     def score(completion: str, example: Mapping[str, Any]) -> tuple[float, str | None]:
         tests = example.get("tests")

@@ -92,6 +92,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from rljax.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 NOBODY = 65534  # uid and gid a root caller's program runs as
@@ -100,8 +102,9 @@ HIDDEN_PATHS = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/work")
 _CHUNK = 65536  # bytes per read of the program's output: the parent never holds more than the cap + this
 
 
-class SandboxUnavailable(RuntimeError):
-    """`require_namespaces=True` but bwrap is missing or does not work here."""
+class SandboxUnavailable(UserError, RuntimeError):
+    """`require_namespaces=True` but bwrap is missing or does not work here (a setup problem the
+    command line reports as such, without a traceback)."""
 
 
 class ExecResult(NamedTuple):
@@ -200,12 +203,7 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float | None = None, me
     files = dict(files or {})
     for name in files:
         _check_file_name(name)
-    namespaces = cfg.use_namespaces and bwrap_available()
-    if not namespaces and cfg.require_namespaces:
-        raise SandboxUnavailable(
-            "sandbox.require_namespaces is true but bwrap (bubblewrap) is "
-            + ("turned off (use_namespaces: false)" if not cfg.use_namespaces else f"not usable here: {_BWRAP_STATE['why']}")
-            + "; install it (apt-get install bubblewrap) or set require_namespaces: false")
+    namespaces = check_namespaces(cfg)
     if not namespaces and cfg.use_namespaces:
         _warn_once("bwrap", "bwrap (bubblewrap) is not usable here (%s): sandboxed programs run without "
                    "namespaces (network, file system and process view are the host's); see "
@@ -226,6 +224,20 @@ def run_many(codes: Sequence[str], *, stdins: Sequence[str] | None = None, confi
     with ThreadPoolExecutor(max_workers=min(cfg.max_concurrent, len(codes)), thread_name_prefix="sandbox") as pool:
         return list(pool.map(lambda pair: run_python(pair[0], stdin=pair[1], config=cfg, **kwargs),
                              zip(codes, stdins)))
+
+
+def check_namespaces(config: SandboxConfig | Mapping | None = None, *, key: str = "sandbox") -> bool:
+    """Whether runs with `config` get bwrap's namespaces; raises `SandboxUnavailable` (naming
+    `key.require_namespaces`) when they are required but bwrap is off or does not work here. Call
+    it when building what will run programs, so that a run fails at start, not at its first sample."""
+    cfg = SandboxConfig.from_options(config, key=key)
+    namespaces = cfg.use_namespaces and bwrap_available()
+    if not namespaces and cfg.require_namespaces:
+        raise SandboxUnavailable(
+            f"{key}.require_namespaces is true but bwrap (bubblewrap) is "
+            + ("turned off (use_namespaces: false)" if not cfg.use_namespaces else f"not usable here: {_BWRAP_STATE['why']}")
+            + "; install it (apt-get install bubblewrap) or set require_namespaces: false")
+    return namespaces
 
 
 def bwrap_available() -> bool:
@@ -564,5 +576,5 @@ def _probe_bwrap() -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["ExecResult", "HIDDEN_PATHS", "SandboxConfig", "SandboxUnavailable", "bwrap_available", "run_many",
-           "run_python"]
+__all__ = ["ExecResult", "HIDDEN_PATHS", "SandboxConfig", "SandboxUnavailable", "bwrap_available",
+           "check_namespaces", "run_many", "run_python"]
