@@ -82,6 +82,9 @@ def test_bad_sql_several_statements_and_runaway_queries_fail_cleanly():
     ("```sql\nSELECT name FROM t", "SELECT name FROM t"),
     ("<answer>SELECT 3</answer>", "SELECT 3"),
     ("SELECT 4", None),
+    ("```sql\nCREATE TABLE t (x TEXT);\nSELECT x FROM t WHERE x = 'a;b';\nDELETE FROM t;\n```",
+     "SELECT x FROM t WHERE x = 'a;b'"),  # the last query of several; a ';' inside a string stays
+    ("```sql\nDROP TABLE t;\n```", "DROP TABLE t"),
 ])
 def test_extract_sql(reply, sql):
     assert extract_sql(reply) == sql

@@ -29,7 +29,8 @@ Result comparison: the rows of the model's query against the gold query's, each 
 as lists when `ordered`. Column names are ignored; the number of columns must match.
 
 SQL extraction (`extract_sql`): the last ```sql (or bare ```) fenced block (an unclosed last fence
-runs to the end), else the last <answer>...</answer>, else None (reward 0).
+runs to the end), else the last <answer>...</answer>, else None (reward 0); of several statements
+there, the last SELECT / WITH one.
 """
 
 from __future__ import annotations
@@ -281,12 +282,27 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 def extract_sql(completion: str) -> str | None:
     """The SQL in a reply: the last ```sql / ``` block (an unclosed last fence runs to the end), else
-    the last <answer>...</answer>, else None. Surrounding blanks and one trailing ';' are dropped."""
+    the last <answer>...</answer>, else None. When that text holds several statements (small models
+    echo the CREATE TABLE before their query), the last one that starts with SELECT or WITH is
+    taken; surrounding blanks and the trailing ';' are dropped."""
     blocks = _FENCE.findall(completion) or _ANSWER.findall(completion)
     if not blocks:
         return None
-    sql = blocks[-1].strip()
-    return sql[:-1].rstrip() if sql.endswith(";") else sql
+    statements = _statements(blocks[-1])
+    queries = [q for q in statements if re.match(r"(select|with)\b", q, re.I)]
+    sql = (queries or statements or [""])[-1]
+    return sql
+
+
+def _statements(text: str) -> list[str]:
+    """`text` split into SQL statements at the semicolons that end one (not those in a string)."""
+    out, start = [], 0
+    for at, char in enumerate(text):
+        if char == ";" and sqlite3.complete_statement(text[start:at + 1]):
+            out.append(text[start:at].strip())
+            start = at + 1
+    out.append(text[start:].strip())
+    return [q for q in out if q]
 
 
 # ---------------------------------------------------------------------------------------------
