@@ -99,5 +99,8 @@ def test_sql_result_reward_scores_a_batch():
     values = rewards(completions, [BY_NAME] * 4 + [{"prompt": "no database"}]).per_function["sql"]
     assert values[:4].tolist() == [1.0, 0.0, 0.0, 0.0] and math.isnan(values[4])
     assert bound_hit_metrics(rewards.functions)["reward/sql/timeouts"] == 1.0
+    runs = build_rewards({"runs": {"type": "sql_executes", "timeout_s": 0.3}})
+    ran = runs(completions, [BY_NAME] * 4 + [{"prompt": "no database"}]).per_function["runs"]
+    assert ran[:4].tolist() == [1.0, 1.0, 0.0, 0.0] and math.isnan(ran[4])  # wrong but valid SQL runs
     with pytest.raises(ValueError, match="rewards.sql.timeout_s must be a positive number"):
         build_rewards({"sql": {"type": "sql_result", "timeout_s": 0}})

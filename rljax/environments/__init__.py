@@ -4,8 +4,8 @@
                 an empty environment and, where bwrap works, namespaces (no network, read-only files)
 ``code_tasks``  data task ``code`` (function-writing problems with hidden unit tests) and reward
                 ``code_tests``; ``check_code`` for a multi-turn retry environment
-``sql_tasks``   data task ``sql`` (a fresh SQLite database per question, a gold query) and reward
-                ``sql_result``; ``check_sql`` runs a query read-only with a time limit
+``sql_tasks``   data task ``sql`` (a fresh SQLite database per question, a gold query) and rewards
+                ``sql_result`` and ``sql_executes``; ``check_sql`` runs a query read-only with a time limit
 
 Importing this package registers its data tasks and rewards (``rljax.training.data`` imports it).
 """

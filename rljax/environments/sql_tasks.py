@@ -4,6 +4,7 @@ read-only with a time limit and is right when its result set equals the gold que
     examples = make_task("sql", split="train", size=100, seed=0)   # registered data task "sql"
     check = check_sql(extract_sql(completion), examples[0])         # -> SqlCheck(correct, message, result)
     reward = float(check.correct)                                   # registered reward "sql_result"
+    # reward "sql_executes": 1.0 for a query that runs without error (a shaping term for small models)
 
 Each example holds `setup` (the CREATE TABLE and INSERT statements of its own database: 10-20 rows
 of generated employees, or customers and their orders), `schema` (the CREATE TABLE statements the
@@ -337,8 +338,37 @@ def make_sql_result_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, conf
     return sql_result
 
 
+def make_sql_executes_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
+    """Reward "sql_executes": 1.0 when the completion holds a query that runs on the example's
+    database without error (read-only, within `timeout_s` and `max_rows`), whatever it returns; else
+    0.0; NaN for an example without `setup`. A small weight beside "sql_result" gives a model that
+    never gets a result right (SmolLM2-135M at the start) a signal towards valid SQL first."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"rewards.{config_key or 'sql_executes'}.timeout_s must be a positive number, got {timeout_s!r}")
+
+    def sql_executes(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        check_batch("sql_executes", completions, examples)
+        out = np.zeros(len(completions), dtype=np.float64)
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            if not example.get("setup"):
+                out[i] = math.nan
+                continue
+            query = extract_sql(completion)
+            if query is not None:
+                result = run_sql(example["setup"], query, timeout_s=timeout_s, max_rows=max_rows)
+                out[i] = float(result.error is None)
+                if result.timed_out:
+                    sql_executes.bound_hits["timeout"] += 1
+        return out
+
+    sql_executes.bound_hits = Counter()
+    sql_executes.reward_name = config_key or "sql_executes"
+    return sql_executes
+
+
 register_task("sql", _sql_task, overwrite=True)
 register_reward("sql_result", make_sql_result_reward, overwrite=True)
+register_reward("sql_executes", make_sql_executes_reward, overwrite=True)
 
-__all__ = ["QUESTION_NAMES", "SqlCheck", "SqlResult", "check_sql", "extract_sql", "make_sql_result_reward",
-           "open_database", "run_sql"]
+__all__ = ["QUESTION_NAMES", "SqlCheck", "SqlResult", "check_sql", "extract_sql", "make_sql_executes_reward",
+           "make_sql_result_reward", "open_database", "run_sql"]
