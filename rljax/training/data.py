@@ -23,6 +23,7 @@ from rljax.data.loading import load_records
 from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
+import rljax.environments  # noqa: F401 - registers its data tasks ("code", "sql") and their rewards
 from rljax.errors import MissingFileError, UserError
 from rljax.rollout import PromptFormat, render_prompt
 from rljax.run_config import RunConfig

@@ -1,0 +1,14 @@
+"""Text environments, tools, and the verifiers that execute model output.
+
+``sandbox``     ``run_python``: untrusted Python in a process group with rlimits, a scratch directory,
+                an empty environment and, where bwrap works, namespaces (no network, read-only files)
+``code_tasks``  data task ``code`` (function-writing problems with hidden unit tests) and reward
+                ``code_tests``; ``check_code`` for a multi-turn retry environment
+``sql_tasks``   data task ``sql`` (a fresh SQLite database per question, a gold query) and rewards
+                ``sql_result`` and ``sql_executes``; ``check_sql`` runs a query read-only with a time limit
+
+Importing this package registers its data tasks and rewards (``rljax.training.data`` imports it).
+"""
+
+from rljax.environments import code_tasks  # noqa: F401 - registers task "code", reward "code_tests"
+from rljax.environments import sql_tasks  # noqa: F401 - registers task "sql", reward "sql_result"

@@ -1,0 +1,580 @@
+"""Run untrusted Python (model-written code) in a sandbox: `run_python(code) -> ExecResult`.
+
+    result = run_python("print(sum(range(10)))", timeout_s=2.0, memory_mb=128)
+    result.stdout == "45\\n"; result.killed_reason is None
+
+Model text is adversarial input: an infinite loop, a fork bomb, a memory bomb, gigabytes of output, a
+write over the repository, a read of a secret, a network connection, a signal to the trainer. The
+layers, each of which stops some of these on its own:
+
+1. A fresh scratch directory (a `tempfile.mkdtemp`, deleted after the run) is the working directory
+   and the only place the program can write; the program is `main.py` in it, `files` beside it.
+2. An empty environment (`env={}`) and `python -E -s -B`: no inherited variables, no user site, no
+   `.pyc` written. `stdin` goes through a pipe, so input the program has read cannot be read again
+   (the code tasks send their hidden test inputs that way).
+3. A process group of its own (`start_new_session`), SIGKILLed as a whole at the wall-clock timeout,
+   at the output cap, and when the caller is interrupted. SIGKILL, not SIGTERM: a program that
+   ignores SIGTERM dies just the same.
+4. Resource limits, set by a small bootstrap in the child just before it `exec`s the program:
+   RLIMIT_CPU (CPU seconds, the backstop of the wall-clock kill), RLIMIT_AS (`memory_mb` of address
+   space: an allocation past it raises MemoryError), RLIMIT_NPROC (processes), RLIMIT_NOFILE (open
+   files), RLIMIT_FSIZE (the largest file it can write) and RLIMIT_CORE = 0.
+5. Where `bwrap` (bubblewrap) is installed and works: a namespace sandbox. New PID, network, IPC, UTS
+   (and, where the kernel allows, cgroup) namespaces: no network but a loopback of its own, no view
+   of other processes. The file system is the host's, read-only (`--ro-bind / /`), with empty
+   read-only tmpfs over `HIDDEN_PATHS` (home directories, /root, /tmp, /var/tmp, /run, plus the
+   caller's working directory and `SandboxConfig.hide`), the Python installation mounted back
+   read-only, and the scratch directory mounted writable at `/tmp/sandbox`. "Should not see" thus
+   means: anything under a hidden path (a file there does not exist for the program) and, when
+   the caller is root, anything not readable by `nobody`.
+
+Why the program runs as `nobody` when the caller is root, measured on this machine (Linux 6.18,
+bubblewrap 0.8), with RLIMIT_NPROC = 5 and a program that forks 20 sleeping children: as root, 20
+forks succeed (the kernel exempts uid 0 from RLIMIT_NPROC); inside `bwrap --unshare-user --uid 65534`
+started by root, 20 again (the namespace's uid maps to uid 0 outside, which is what the kernel
+checks). So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
+The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`, `setuid`) inside the
+namespaces root's bwrap built (it keeps the host's user namespace, where root may change uid), and
+then `fork` fails with EAGAIN past `max_processes` (19 children with a limit of 20, measured). As
+`nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`: EPERM; inside the PID
+namespace its parent is bwrap's init anyway), nor read root's files. At the timeout, killing bwrap's
+process group takes its PID namespace down with it: children that left the process group (setsid)
+die too (tests/test_sandbox.py checks that none is left).
+The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
+`max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
+runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
+processes of that namespace alone (measured as `nobody` with RLIMIT_NPROC = 5 while 6 other
+processes of `nobody` ran: 3 forks inside bwrap's user namespace, the program and bwrap's init
+being the other 2; 0 forks without bwrap), so the limit is `max_processes`.
+
+Without bwrap (or with `use_namespaces=False`) the program runs with layers 1-4 only, and bwrap's
+absence is logged once; `require_namespaces=True` refuses instead (`SandboxUnavailable`). Then:
+a root caller drops to `nobody` only when the interpreter is reachable by others (a Python under
+/root, mode 0700, is not), otherwise it runs as root with no process bound but the timeout; a caller
+that is not root runs as itself, so the program can read what the trainer can and signal it, and
+RLIMIT_NPROC is set to the caller's current task count plus `max_processes`. Use bwrap for training.
+
+What is not bounded: disk use inside the scratch directory beyond `max_file_mb` per file (many files
+can be written until the timeout); CPU shares (a run is one process group on a shared CPU).
+
+`killed_reason` (None when the program ran to its end without hitting a bound) names what stopped
+or refused it: "timeout" (the wall clock; `timed_out` is True), "cpu_time" (RLIMIT_CPU),
+"output_limit" (more than `max_output_bytes` on stdout or stderr: the run is killed, what was read
+is kept and `output_truncated` is True), "memory" (MemoryError), "processes" (fork refused: EAGAIN),
+"open_files" (EMFILE), "file_size" (EFBIG), "denied" (EROFS, EACCES or EPERM: a write outside the
+scratch directory, a signal to another process), "network" (no route, refused, no name
+resolution), "signal:<NAME>" (killed by another signal), "sandbox_error" (bwrap could not start it).
+The refusals ("memory" to "network") are read from the last line of the program's stderr when it
+exits with an uncaught exception: the sandbox refused the operation, the program died of it.
+
+Concurrency: every run takes a slot of a process-wide semaphore of `max_concurrent` slots (one per
+distinct value); `run_many` runs a list of programs on a thread pool of that size.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import re
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from rljax.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+NOBODY = 65534  # uid and gid a root caller's program runs as
+SCRATCH_INSIDE = "/tmp/sandbox"  # where the scratch directory appears inside the namespace sandbox
+HIDDEN_PATHS = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/work")
+_CHUNK = 65536  # bytes per read of the program's output: the parent never holds more than the cap + this
+
+
+class SandboxUnavailable(UserError, RuntimeError):
+    """`require_namespaces=True` but bwrap is missing or does not work here (a setup problem the
+    command line reports as such, without a traceback)."""
+
+
+class ExecResult(NamedTuple):
+    """What one `run_python` call returns."""
+
+    stdout: str  # decoded as UTF-8 (bad bytes replaced), at most `max_output_bytes` of it
+    stderr: str
+    returncode: int | None  # the program's exit status; negative: killed by that signal; None: never started
+    timed_out: bool  # stopped at the wall-clock timeout
+    killed_reason: str | None  # see the module docstring; None: it ran to its end within every bound
+    output_truncated: bool = False  # stdout or stderr went past `max_output_bytes`
+    duration_s: float = 0.0  # wall clock of the run (process start to end)
+    namespaces: bool = False  # it ran inside bwrap's namespaces
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Bounds of a sandboxed run. From a config mapping: `SandboxConfig.from_options({...})`, e.g.
+    `sandbox: {timeout_s: 2, memory_mb: 256, require_namespaces: true}`."""
+
+    timeout_s: float = 5.0  # wall clock, from process start
+    memory_mb: int = 256  # address space (RLIMIT_AS); a bare interpreter takes ~17 MB
+    max_processes: int = 16  # RLIMIT_NPROC (see the module docstring for how the kernel counts)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_file_mb: int = 16  # RLIMIT_FSIZE: the largest file the program can write
+    max_output_bytes: int = 1 << 20  # per stream (stdout, stderr); past it the run is killed
+    max_concurrent: int = 4  # runs at once in this process with this bound
+    use_namespaces: bool = True  # use bwrap where it works
+    require_namespaces: bool = False  # refuse to run without bwrap's namespaces
+    hide: tuple[str, ...] = ()  # more host paths to hide under an empty tmpfs (with bwrap)
+
+    def __post_init__(self):
+        for name in ("timeout_s",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"sandbox.{name} must be a positive number of seconds, got {value!r}")
+        for name in ("memory_mb", "max_processes", "max_open_files", "max_file_mb", "max_output_bytes",
+                     "max_concurrent"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"sandbox.{name} must be a positive integer, got {value!r}")
+        if self.max_open_files < 16:
+            raise ValueError(f"sandbox.max_open_files must be at least 16 (the interpreter needs some), "
+                             f"got {self.max_open_files}")
+        for name in ("use_namespaces", "require_namespaces"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"sandbox.{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.hide, str) or not all(isinstance(p, str) and os.path.isabs(p) for p in self.hide):
+            raise ValueError(f"sandbox.hide must be a list of absolute paths, got {self.hide!r}")
+        object.__setattr__(self, "hide", tuple(self.hide))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | SandboxConfig | None, *, key: str = "sandbox") -> SandboxConfig:
+        """A `SandboxConfig` from a config mapping; an unknown key raises `ValueError` naming `key.<name>`."""
+        if options is None:
+            return cls()
+        if isinstance(options, SandboxConfig):
+            return options
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{key} must be a mapping of sandbox settings, got {options!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"{key}: unknown setting(s) {', '.join(map(repr, unknown))}; "
+                             f"accepted: {', '.join(sorted(known))}")
+        values = dict(options)
+        if "hide" in values and isinstance(values["hide"], list):
+            values["hide"] = tuple(values["hide"])
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("sandbox.", f"{key}.", 1)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def run_python(code: str, *, stdin: str = "", timeout_s: float | None = None, memory_mb: int | None = None,
+               files: Mapping[str, str | bytes] | None = None, config: SandboxConfig | Mapping | None = None
+               ) -> ExecResult:
+    """Run `code` as `main.py` in a fresh sandbox and return what it printed and how it ended.
+
+    `stdin`: the program's standard input. `files`: `{relative path: text or bytes}` written into the
+    scratch directory before the run. `timeout_s` and `memory_mb` override `config`'s. Blocks for a
+    slot of the `max_concurrent` bound first. Never raises for anything the program does; raises
+    `SandboxUnavailable` when `require_namespaces` is set and bwrap does not work, `ValueError` for a
+    bad file name or setting.
+    """
+    cfg = SandboxConfig.from_options(config)
+    if timeout_s is not None or memory_mb is not None:
+        cfg = replace(cfg, timeout_s=cfg.timeout_s if timeout_s is None else timeout_s,
+                      memory_mb=cfg.memory_mb if memory_mb is None else memory_mb)
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, got {type(code).__name__}")
+    files = dict(files or {})
+    for name in files:
+        _check_file_name(name)
+    namespaces = check_namespaces(cfg)
+    if not namespaces and cfg.use_namespaces:
+        _warn_once("bwrap", "bwrap (bubblewrap) is not usable here (%s): sandboxed programs run without "
+                   "namespaces (network, file system and process view are the host's); see "
+                   "rljax.environments.sandbox", _BWRAP_STATE["why"])
+    with _gate(cfg.max_concurrent):
+        return _run(code, stdin, files, cfg, namespaces)
+
+
+def run_many(codes: Sequence[str], *, stdins: Sequence[str] | None = None, config: SandboxConfig | Mapping | None = None,
+             **kwargs: Any) -> list[ExecResult]:
+    """`run_python` for each program, `config.max_concurrent` at a time, results in order."""
+    cfg = SandboxConfig.from_options(config)
+    stdins = list(stdins) if stdins is not None else [""] * len(codes)
+    if len(stdins) != len(codes):
+        raise ValueError(f"got {len(codes)} programs but {len(stdins)} stdins")
+    if not codes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(cfg.max_concurrent, len(codes)), thread_name_prefix="sandbox") as pool:
+        return list(pool.map(lambda pair: run_python(pair[0], stdin=pair[1], config=cfg, **kwargs),
+                             zip(codes, stdins)))
+
+
+def check_namespaces(config: SandboxConfig | Mapping | None = None, *, key: str = "sandbox") -> bool:
+    """Whether runs with `config` get bwrap's namespaces; raises `SandboxUnavailable` (naming
+    `key.require_namespaces`) when they are required but bwrap is off or does not work here. Call
+    it when building what will run programs, so that a run fails at start, not at its first sample."""
+    cfg = SandboxConfig.from_options(config, key=key)
+    namespaces = cfg.use_namespaces and bwrap_available()
+    if not namespaces and cfg.require_namespaces:
+        raise SandboxUnavailable(
+            f"{key}.require_namespaces is true but bwrap (bubblewrap) is "
+            + ("turned off (use_namespaces: false)" if not cfg.use_namespaces else f"not usable here: {_BWRAP_STATE['why']}")
+            + "; install it (apt-get install bubblewrap) or set require_namespaces: false")
+    return namespaces
+
+
+def bwrap_available() -> bool:
+    """Whether bwrap is installed and runs a program in its namespaces here (probed once per process)."""
+    with _BWRAP_LOCK:
+        if _BWRAP_STATE["ok"] is None:
+            _BWRAP_STATE["ok"], _BWRAP_STATE["why"] = _probe_bwrap()
+        return bool(_BWRAP_STATE["ok"])
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+_GATES: dict[int, threading.BoundedSemaphore] = {}
+_GATES_LOCK = threading.Lock()
+_BWRAP_STATE: dict[str, Any] = {"ok": None, "why": ""}
+_BWRAP_LOCK = threading.Lock()
+_WARNED: set[str] = set()
+
+
+def _gate(bound: int) -> threading.BoundedSemaphore:
+    with _GATES_LOCK:
+        if bound not in _GATES:
+            _GATES[bound] = threading.BoundedSemaphore(bound)
+        return _GATES[bound]
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(message, *args)
+
+
+def _check_file_name(name: Any) -> None:
+    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.split("/") or "\x00" in name:
+        raise ValueError(f"sandbox files: {name!r} is not a relative path inside the scratch directory")
+    if name == "main.py":
+        raise ValueError("sandbox files: 'main.py' is reserved (the program)")
+
+
+def _interpreter() -> tuple[str, str]:
+    """The real interpreter (not a venv's link into a hidden directory) and its installation prefix."""
+    executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return executable, os.path.realpath(sys.base_prefix)
+
+
+def _run(code: str, stdin: str, files: Mapping[str, str | bytes], cfg: SandboxConfig, namespaces: bool) -> ExecResult:
+    root = os.geteuid() == 0
+    scratch = tempfile.mkdtemp(prefix="rljax-sandbox-")
+    try:
+        _write(os.path.join(scratch, "main.py"), code)
+        for name, content in files.items():
+            _write(os.path.join(scratch, name), content)
+        executable, prefix = _interpreter()
+        as_nobody = root and (namespaces or _others_can_run(executable, prefix))
+        if root and not as_nobody:
+            _warn_once("root", "sandbox without namespaces as root: %s is not reachable by 'nobody', so programs "
+                       "run as root and RLIMIT_NPROC does not bind them (only the timeout stops a fork bomb)",
+                       executable)
+        if as_nobody:
+            os.chmod(scratch, 0o755)
+            for dirpath, dirnames, filenames in os.walk(scratch):
+                for name in (dirpath, *(os.path.join(dirpath, f) for f in dirnames + filenames)):
+                    os.lchown(name, NOBODY, NOBODY)
+        if namespaces and root:
+            nproc = cfg.max_processes * cfg.max_concurrent  # counted over every process of uid nobody
+        elif namespaces:
+            nproc = cfg.max_processes  # counted in bwrap's own user namespace
+        else:
+            nproc = _task_count(NOBODY if as_nobody else os.geteuid()) + cfg.max_processes
+        limits = {
+            "cpu": int(math.ceil(cfg.timeout_s)) + 1, "as": cfg.memory_mb << 20, "nproc": nproc,
+            "nofile": cfg.max_open_files, "fsize": cfg.max_file_mb << 20, "uid": NOBODY if as_nobody else None,
+        }
+        program = [executable, "-E", "-s", "-B", "-c", _BOOTSTRAP, json.dumps(limits), executable]
+        argv = _bwrap_argv(scratch, prefix, cfg, root) + program if namespaces else program
+        return _execute(argv, scratch, stdin.encode(), cfg, namespaces)
+    finally:
+        _remove(scratch)
+
+
+def _write(path: str, content: str | bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else bytes(content))
+
+
+def _remove(scratch: str) -> None:
+    def unlock(function, path, _exc):  # a directory the program made unreadable (only a non-root caller)
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            function(path)
+        except OSError:
+            pass
+
+    shutil.rmtree(scratch, onerror=unlock)
+
+
+# The child's first code: set the limits, drop to `nobody` where asked, exec the program. Runs with
+# the interpreter's own (unlimited) start-up, so the program's limits bind the program alone.
+_BOOTSTRAP = """
+import json, os, resource, sys
+limits = json.loads(sys.argv[1])
+if limits["uid"] is not None:
+    os.setgroups([]); os.setgid(limits["uid"]); os.setuid(limits["uid"])
+cpu = limits["cpu"]
+for name, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, limits["as"]),
+                    (resource.RLIMIT_NPROC, limits["nproc"]), (resource.RLIMIT_NOFILE, limits["nofile"]),
+                    (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0)):
+    soft, hard = value if isinstance(value, tuple) else (value, value)
+    resource.setrlimit(name, (soft, hard))
+os.execv(sys.argv[2], [sys.argv[2], "-E", "-s", "-B", "main.py"])
+"""
+
+
+def _bwrap_argv(scratch: str, prefix: str, cfg: SandboxConfig, root: bool) -> list[str]:
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if not root:  # unprivileged bwrap needs a user namespace; there RLIMIT_NPROC counts this sandbox alone
+        argv += ["--unshare-user"]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    hidden = _hidden_paths(cfg, prefix)
+    for path in hidden:
+        argv += ["--perms", "0755", "--tmpfs", path]
+    # Mount back what the interpreter needs from under a hidden path (a Python under /root/.pyenv),
+    # with the directories on the way made traversable for `nobody`.
+    for path in hidden:
+        if _inside(prefix, path) and prefix != path:
+            parts = os.path.relpath(prefix, path).split(os.sep)
+            for k in range(1, len(parts)):
+                argv += ["--perms", "0755", "--dir", os.path.join(path, *parts[:k])]
+            argv += ["--ro-bind", prefix, prefix]
+    argv += ["--perms", "0755", "--dir", SCRATCH_INSIDE, "--bind", scratch, SCRATCH_INSIDE]
+    for path in hidden:  # the empty tmpfs layers: read-only too (remounting a path leaves its submounts)
+        argv += ["--remount-ro", path]
+    return argv + ["--chdir", SCRATCH_INSIDE, "--"]
+
+
+# What the interpreter itself needs (shared libraries, ld.so's cache, locales): never hidden, nor
+# any directory holding one of them (a working directory of "/" or "/usr").
+_SYSTEM_PATHS = ("/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr")
+
+
+def _hidden_paths(cfg: SandboxConfig, prefix: str) -> list[str]:
+    """The paths under an empty tmpfs: `HIDDEN_PATHS`, the caller's working directory, `cfg.hide`;
+    not one that holds a system directory, that is the interpreter's prefix, or that lies inside it
+    (a prefix inside a hidden path is mounted back instead)."""
+    candidates = list(HIDDEN_PATHS) + [os.getcwd()] + list(cfg.hide)
+    if "/tmp" not in candidates:
+        candidates.append("/tmp")  # SCRATCH_INSIDE lives on it
+    out: list[str] = []
+    for path in candidates:
+        path = os.path.realpath(path)
+        if (not os.path.isdir(path) or any(_inside(system, path) for system in _SYSTEM_PATHS)
+                or _inside(path, prefix) or any(_inside(path, p) for p in out)):
+            continue
+        out = [p for p in out if not _inside(p, path)] + [path]
+    return sorted(out)
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _others_can_run(executable: str, prefix: str) -> bool:
+    """Whether uid `nobody` can reach the interpreter and its library (every directory on the way o+x)."""
+    for target in (executable, prefix):
+        path = target
+        while True:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                return False
+            if not mode & stat.S_IXOTH:
+                return False
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return True
+
+
+def _task_count(uid: int) -> int:
+    """Threads of all processes of `uid` (what the kernel compares with RLIMIT_NPROC)."""
+    count = 0
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        uid_line = re.search(r"^Uid:\s+(\d+)", status, re.M)
+        threads = re.search(r"^Threads:\s+(\d+)", status, re.M)
+        if uid_line and int(uid_line.group(1)) == uid:
+            count += int(threads.group(1)) if threads else 1
+    return count
+
+
+def _execute(argv: list[str], cwd: str, stdin: bytes, cfg: SandboxConfig, namespaces: bool) -> ExecResult:
+    start = time.monotonic()
+    try:  # stdin through a pipe, never a file: what the program has read is gone (hidden test data)
+        proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    except OSError as exc:
+        return ExecResult("", f"could not start the sandbox: {exc}", None, False, "sandbox_error",
+                          namespaces=namespaces)
+    deadline = start + cfg.timeout_s
+    out, err = bytearray(), bytearray()
+    reason, truncated = None, False
+    try:
+        reason, truncated = _read_until_done(proc, stdin, out, err, deadline, cfg.max_output_bytes)
+        if reason is None:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # closed its output but runs on
+                reason = "timeout"
+    finally:
+        if reason is not None or proc.poll() is None:
+            _kill(proc)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                stream.close()
+            except OSError:  # stdin: a broken pipe on the flush of a program that is gone
+                pass
+    duration = time.monotonic() - start
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    returncode = proc.returncode
+    if namespaces and returncode is not None and returncode > 128 and reason is None:
+        returncode = -(returncode - 128)  # bwrap exits 128 + N for a child killed by signal N
+    if reason is None:
+        reason = _exit_reason(returncode, stderr, namespaces)
+    return ExecResult(stdout, stderr, returncode, reason == "timeout", reason, truncated, duration, namespaces)
+
+
+def _read_until_done(proc, stdin: bytes, out: bytearray, err: bytearray, deadline: float,
+                     cap: int) -> tuple[str | None, bool]:
+    """Feed stdin and read stdout and stderr in chunks until both close; stop early at the deadline
+    or the cap. One loop for all three: a program that does not read its input cannot block us."""
+    pending = memoryview(stdin)
+    with selectors.DefaultSelector() as selector:
+        for stream, buffer in ((proc.stdout, out), (proc.stderr, err)):
+            os.set_blocking(stream.fileno(), False)
+            selector.register(stream, selectors.EVENT_READ, buffer)
+        if pending:
+            os.set_blocking(proc.stdin.fileno(), False)
+            selector.register(proc.stdin, selectors.EVENT_WRITE, None)
+        else:
+            proc.stdin.close()
+        while any(key.events & selectors.EVENT_READ for key in selector.get_map().values()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout", False
+            for key, _ in selector.select(timeout=remaining):
+                if key.fileobj is proc.stdin:
+                    try:
+                        pending = pending[os.write(key.fd, pending[:_CHUNK]):]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it exited or closed its input: the rest is not wanted
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                try:
+                    chunk = os.read(key.fd, _CHUNK)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer = key.data
+                room = cap - len(buffer)
+                buffer += chunk[:room]
+                if len(chunk) > room:
+                    return "output_limit", True
+    return None, False
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:  # start_new_session: the child leads its own process group (bwrap kills its PID namespace with it)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+_REFUSALS = (
+    (re.compile(r"^MemoryError\b"), "memory"),
+    (re.compile(r"\[Errno %d\]" % errno.EAGAIN), "processes"),
+    (re.compile(r"\[Errno %d\]" % errno.EMFILE), "open_files"),
+    (re.compile(r"\[Errno %d\]" % errno.EFBIG), "file_size"),
+    (re.compile(r"\[Errno (%d|%d|%d)\]" % (errno.EROFS, errno.EACCES, errno.EPERM)), "denied"),
+    (re.compile(r"\[Errno (%d|%d|%d|%d|-\d+)\]" % (  # negative: getaddrinfo's codes (no name resolution)
+        errno.ENETUNREACH, errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)), "network"),
+)
+
+
+def _exit_reason(returncode: int | None, stderr: str, namespaces: bool) -> str | None:
+    if returncode is None or returncode == 0:
+        return None
+    if returncode < 0:
+        number = -returncode
+        if number == signal.SIGXCPU:
+            return "cpu_time"
+        try:
+            return f"signal:{signal.Signals(number).name}"
+        except ValueError:
+            return f"signal:{number}"
+    if namespaces and returncode == 1 and stderr.startswith("bwrap:"):
+        return "sandbox_error"
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if lines:
+        last = lines[-1].strip()
+        for pattern, reason in _REFUSALS:
+            if pattern.search(last):
+                return reason
+    return None
+
+
+def _probe_bwrap() -> tuple[bool, str]:
+    """Run a program through the whole namespace sandbox once; (works, why not)."""
+    if shutil.which("bwrap") is None:
+        return False, "bwrap is not installed"
+    try:
+        result = _run("print('ok')", "", {}, SandboxConfig(timeout_s=30.0), True)
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    if result.stdout != "ok\n":
+        why = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        logger.warning("bwrap is installed but a program in its sandbox failed: %s", why)
+        return False, f"bwrap failed: {why}"
+    return True, ""
+
+
+__all__ = ["ExecResult", "HIDDEN_PATHS", "SandboxConfig", "SandboxUnavailable", "bwrap_available",
+           "check_namespaces", "run_many", "run_python"]

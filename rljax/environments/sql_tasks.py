@@ -1,0 +1,374 @@
+"""SQL tasks: a fresh SQLite database per episode, a question, a gold query; the model's SQL runs
+read-only with a time limit and is right when its result set equals the gold query's.
+
+    examples = make_task("sql", split="train", size=100, seed=0)   # registered data task "sql"
+    check = check_sql(extract_sql(completion), examples[0])         # -> SqlCheck(correct, message, result)
+    reward = float(check.correct)                                   # registered reward "sql_result"
+    # reward "sql_executes": 1.0 for a query that runs without error (a shaping term for small models)
+
+Each example holds `setup` (the CREATE TABLE and INSERT statements of its own database: 10-20 rows
+of generated employees, or customers and their orders), `schema` (the CREATE TABLE statements the
+prompt shows), `prompt` (schema, question, how to reply), `answer` (the gold query), `ordered`
+(whether the question asks for an order), `task`, `key`. The key is the question with its parameters
+and the database's seed, so the train / eval split is by question (`question_split`).
+
+How the model's query runs (`run_sql`), on an in-memory database built from `setup` just for it:
+
+- read-only: `PRAGMA query_only = ON` and an authorizer that allows only reading (SELECT, reading
+  columns, functions, recursive CTEs) and denies everything else (writes, PRAGMA, ATTACH, which
+  could create a file, transactions); denied SQL fails with "not authorized";
+- one statement only (sqlite3 refuses several);
+- a time limit: a progress handler (every 1,000 virtual-machine steps) aborts the query past
+  `timeout_s` ("interrupted"), so a runaway recursive CTE or a huge cross join ends;
+- bounded results: at most `max_rows` rows are fetched (more is an error), strings and blobs at most
+  1 MB each (SQLITE_LIMIT_LENGTH), the SQL text at most 100 kB.
+It runs in the trainer's process (no sandbox process: SQLite is the sandbox); memory is bounded by
+the time limit and the limits above, not by an rlimit.
+
+Result comparison: the rows of the model's query against the gold query's, each value normalised
+(a float with an integral value is that int, other floats are rounded to 6 places), as multisets, or
+as lists when `ordered`. Column names are ignored; the number of columns must match.
+
+SQL extraction (`extract_sql`): the last ```sql (or bare ```) fenced block (an unclosed last fence
+runs to the end), else the last <answer>...</answer>, else None (reward 0); of several statements
+there, the last SELECT / WITH one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sqlite3
+import time
+from collections import Counter
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from rljax.data.tasks import question_split, register_task
+from rljax.rewards.base import check_batch, register_reward
+
+DEFAULT_INSTRUCTION = "Reply with one SQLite query in a ```sql code block."
+_NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivan", "Jade", "Kai", "Lena", "Milo", "Nora",
+          "Omar", "Pia", "Quinn", "Rosa", "Sami", "Tara", "Uma", "Vic", "Wren", "Xena", "Yuri", "Zoe", "Alba",
+          "Bo", "Cyrus", "Dina", "Elio", "Faye", "Gil", "Hugo", "Iris", "Jonas", "Kira", "Leo", "Mara", "Nils")
+_DEPARTMENTS = ("Sales", "Engineering", "Marketing", "Support", "Finance", "Legal")
+_CITIES = ("Lisbon", "Oslo", "Lima", "Cairo", "Osaka", "Quito", "Perth", "Accra")
+_EMPLOYEES = "CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, department TEXT, salary INTEGER, age INTEGER)"
+_CUSTOMERS = "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, city TEXT)"
+_ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, amount INTEGER, year INTEGER)"
+
+def _seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") & 0x7FFF_FFFF
+
+
+def _quote(value: Any) -> str:
+    return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else str(value)
+
+
+def _inserts(table: str, rows: list[tuple]) -> list[str]:
+    return [f"INSERT INTO {table} VALUES ({', '.join(_quote(v) for v in row)})" for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases and questions
+
+
+def _employees_db(rng: np.random.Generator) -> tuple[list[str], dict]:
+    n = int(rng.integers(10, 17))
+    names = [_NAMES[int(i)] for i in rng.choice(len(_NAMES), size=n, replace=False)]
+    departments = [_DEPARTMENTS[int(i)] for i in rng.choice(len(_DEPARTMENTS), size=int(rng.integers(3, 5)), replace=False)]
+    salaries = [int(s) * 1000 for s in rng.choice(np.arange(30, 151), size=n, replace=False)]  # distinct: no ties
+    rows = [(i + 1, names[i], departments[int(rng.integers(0, len(departments)))], salaries[i],
+             int(rng.integers(21, 66))) for i in range(n)]
+    return [_EMPLOYEES, *_inserts("employees", rows)], {"rows": rows, "departments": sorted({r[2] for r in rows})}
+
+
+def _orders_db(rng: np.random.Generator) -> tuple[list[str], dict]:
+    n_customers, n_orders = int(rng.integers(5, 9)), int(rng.integers(10, 21))
+    names = [_NAMES[int(i)] for i in rng.choice(len(_NAMES), size=n_customers, replace=False)]
+    cities = [_CITIES[int(i)] for i in rng.choice(len(_CITIES), size=3, replace=False)]
+    customers = [(i + 1, names[i], cities[int(rng.integers(0, 3))]) for i in range(n_customers)]
+    buyers = [c[0] for c in customers if rng.random() < 0.8] or [1]  # some customers never order
+    orders = [(i + 1, buyers[int(rng.integers(0, len(buyers)))], int(rng.integers(5, 500)),
+               int(rng.integers(2019, 2025))) for i in range(n_orders)]
+    setup = [_CUSTOMERS, _ORDERS, *_inserts("customers", customers), *_inserts("orders", orders)]
+    cities_with_orders = sorted({customers[o[1] - 1][2] for o in orders})
+    return setup, {"customers": customers, "orders": orders, "cities": cities_with_orders,
+                   "years": sorted({o[3] for o in orders})}
+
+
+def _pick(rng, values):
+    return values[int(rng.integers(0, len(values)))]
+
+
+# Each question: (name, database, draw(rng, facts) -> (question, gold SQL, ordered)).
+_QUESTIONS = (
+    ("count_in_department", "employees", lambda r, f: (lambda d: (
+        f"How many employees work in the {d} department?",
+        f"SELECT COUNT(*) FROM employees WHERE department = '{d}'", False))(_pick(r, f["departments"]))),
+    ("names_above_salary", "employees", lambda r, f: (lambda t: (
+        f"List the names of the employees whose salary is above {t}, in alphabetical order.",
+        f"SELECT name FROM employees WHERE salary > {t} ORDER BY name", True))(int(r.integers(40, 140)) * 1000)),
+    ("average_by_department", "employees", lambda r, f: (
+        "What is the average salary in each department? Return each department and its average salary.",
+        "SELECT department, AVG(salary) FROM employees GROUP BY department", False)),
+    ("top_earners", "employees", lambda r, f: (lambda n: (
+        f"Which {n} employees earn the most? Return their names, the highest salary first.",
+        f"SELECT name FROM employees ORDER BY salary DESC LIMIT {n}", True))(int(r.integers(2, 5)))),
+    ("oldest_in_department", "employees", lambda r, f: (lambda d: (
+        f"What is the age of the oldest employee in the {d} department?",
+        f"SELECT MAX(age) FROM employees WHERE department = '{d}'", False))(_pick(r, f["departments"]))),
+    ("count_younger", "employees", lambda r, f: (lambda a: (
+        f"How many employees are younger than {a}?",
+        f"SELECT COUNT(*) FROM employees WHERE age < {a}", False))(int(r.integers(25, 60)))),
+    ("total_for_city", "orders", lambda r, f: (lambda c: (
+        f"What is the total amount of all orders placed by customers from {c}?",
+        f"SELECT SUM(orders.amount) FROM orders JOIN customers ON orders.customer_id = customers.id "
+        f"WHERE customers.city = '{c}'", False))(_pick(r, f["cities"]))),
+    ("customers_without_orders", "orders", lambda r, f: (
+        "List the names of the customers who have placed no orders.",
+        "SELECT name FROM customers WHERE id NOT IN (SELECT customer_id FROM orders)", False)),
+    ("orders_in_year", "orders", lambda r, f: (lambda y: (
+        f"How many orders were placed in {y}?",
+        f"SELECT COUNT(*) FROM orders WHERE year = {y}", False))(_pick(r, f["years"]))),
+    ("orders_per_customer", "orders", lambda r, f: (
+        "For each customer who placed at least one order, return the customer's name and the number of "
+        "orders they placed.",
+        "SELECT customers.name, COUNT(*) FROM orders JOIN customers ON orders.customer_id = customers.id "
+        "GROUP BY customers.id", False)),
+)
+QUESTION_NAMES = tuple(q[0] for q in _QUESTIONS)
+_DATABASES = {"employees": _employees_db, "orders": _orders_db}
+
+
+def _sql_task(*, split: str, size: int, seed: int, eval_fraction: float, questions: Sequence[str] | None = None,
+              instruction: str | None = DEFAULT_INSTRUCTION, max_draws: int | None = None) -> list[dict[str, Any]]:
+    """Data task "sql" (`rljax.data.tasks.register_task`): `size` distinct questions of `split`, each
+    on a database of its own. Options: `questions` (names from `QUESTION_NAMES`, default all),
+    `instruction` (appended to each prompt), `max_draws`."""
+    chosen = [q for q in _QUESTIONS if questions is None or q[0] in questions]
+    unknown = sorted(set(questions or ()) - set(QUESTION_NAMES))
+    if unknown or not chosen:
+        raise ValueError(f"task 'sql': unknown question(s) {unknown or list(questions or ())}; known: {list(QUESTION_NAMES)}")
+    rng = np.random.default_rng(_seed(seed, "sql", split))
+    limit = max_draws if max_draws is not None else 50 * size + 1000
+    examples, seen = [], set()
+    for _ in range(limit):
+        if len(examples) == size:
+            break
+        name, database, draw = chosen[int(rng.integers(0, len(chosen)))]
+        db_seed = int(rng.integers(0, 2**31 - 1))
+        setup, facts = _DATABASES[database](np.random.default_rng(db_seed))
+        question, gold, ordered = draw(np.random.default_rng(_seed(db_seed, name)), facts)
+        key = f"{name}|{question}|db={db_seed}"
+        if key in seen or question_split(key, task="sql", seed=seed, eval_fraction=eval_fraction) != split:
+            continue
+        seen.add(key)
+        schema = [s for s in setup if s.startswith("CREATE")]
+        prompt = ("SQLite database:\n" + ";\n".join(schema) + ";\n\nQuestion: " + question
+                  + (f"\n{instruction}" if instruction else ""))
+        examples.append({"prompt": prompt, "answer": gold, "task": "sql", "key": key, "question": question,
+                         "schema": schema, "setup": setup, "ordered": ordered, "template": name})
+    if len(examples) < size:
+        raise ValueError(f"task 'sql': found only {len(examples)} distinct {split} questions in {limit} draws")
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and checking SQL
+
+
+class SqlResult(NamedTuple):
+    """What `run_sql` returns."""
+
+    rows: list[tuple] | None  # None when the query failed
+    columns: tuple[str, ...]
+    error: str | None  # "OperationalError: no such column: salry", "timeout after 1 s", ...
+    timed_out: bool = False
+
+
+class SqlCheck(NamedTuple):
+    """What `check_sql` returns."""
+
+    correct: bool
+    message: str  # for a model that may retry: the error, or how the result differs; "correct" if right
+    result: SqlResult  # the model's query's result
+
+
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+
+
+def _authorize(action: int, *_args) -> int:
+    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def open_database(setup: Sequence[str]) -> sqlite3.Connection:
+    """A fresh in-memory database with the tables and rows of `setup` (an example's statements)."""
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    for statement in setup:
+        conn.execute(statement)
+    conn.commit()
+    return conn
+
+
+def run_sql(setup: Sequence[str] | sqlite3.Connection, query: str, *, timeout_s: float = 1.0,
+            max_rows: int = 1000) -> SqlResult:
+    """Run one read-only `query` on a fresh database built from `setup` (or on a given connection,
+    which is then made read-only for good). Never raises for anything in `query`."""
+    conn = open_database(setup) if not isinstance(setup, sqlite3.Connection) else setup
+    try:
+        conn.execute("PRAGMA query_only = ON")
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 100_000)
+        conn.set_authorizer(_authorize)
+        deadline = time.monotonic() + timeout_s
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        try:
+            cursor = conn.execute(query)
+            rows = cursor.fetchmany(max_rows + 1)
+        except sqlite3.OperationalError as exc:
+            if str(exc) == "interrupted":
+                return SqlResult(None, (), f"timeout after {timeout_s:g} s", True)
+            return SqlResult(None, (), f"{type(exc).__name__}: {exc}")
+        except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as exc:
+            return SqlResult(None, (), f"{type(exc).__name__}: {exc}")
+        columns = tuple(d[0] for d in cursor.description or ())
+        if len(rows) > max_rows:
+            return SqlResult(None, columns, f"more than {max_rows} rows")
+        return SqlResult([tuple(r) for r in rows], columns, None)
+    finally:
+        conn.set_progress_handler(None, 0)
+        if not isinstance(setup, sqlite3.Connection):
+            conn.close()
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isfinite(value) and value == int(value):
+            return int(value)
+        return round(value, 6)
+    return value
+
+
+def check_sql(query: str, example: Mapping[str, Any], *, timeout_s: float = 1.0, max_rows: int = 1000) -> SqlCheck:
+    """Whether `query` answers `example` (its `setup`, gold `answer` and `ordered`): its rows equal the
+    gold query's, as multisets, or as lists when the question asks for an order. Each query runs on a
+    fresh copy of the database (the model's cannot change what the gold one sees)."""
+    gold = run_sql(example["setup"], example["answer"], timeout_s=max(timeout_s, 10.0), max_rows=max_rows)
+    if gold.error is not None:
+        raise ValueError(f"sql example {example.get('key')!r}: the gold query failed: {gold.error}")
+    result = run_sql(example["setup"], query, timeout_s=timeout_s, max_rows=max_rows)
+    if result.error is not None:
+        return SqlCheck(False, f"the query failed: {result.error}", result)
+    got = [tuple(_normalise(v) for v in r) for r in result.rows]
+    want = [tuple(_normalise(v) for v in r) for r in gold.rows]
+    if got and want and len(got[0]) != len(want[0]):
+        return SqlCheck(False, f"the query returned {len(got[0])} columns per row, expected {len(want[0])}", result)
+    if example.get("ordered"):
+        if got == want:
+            return SqlCheck(True, "correct", result)
+        if Counter(got) == Counter(want):
+            return SqlCheck(False, "the right rows in the wrong order", result)
+    elif Counter(got) == Counter(want):
+        return SqlCheck(True, "correct", result)
+    return SqlCheck(False, f"the query returned a different result ({len(got)} rows; the expected result has "
+                           f"{len(want)})", result)
+
+
+_FENCE = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def extract_sql(completion: str) -> str | None:
+    """The SQL in a reply: the last ```sql / ``` block (an unclosed last fence runs to the end), else
+    the last <answer>...</answer>, else None. When that text holds several statements (small models
+    echo the CREATE TABLE before their query), the last one that starts with SELECT or WITH is
+    taken; surrounding blanks and the trailing ';' are dropped."""
+    blocks = _FENCE.findall(completion) or _ANSWER.findall(completion)
+    if not blocks:
+        return None
+    statements = _statements(blocks[-1])
+    queries = [q for q in statements if re.match(r"(select|with)\b", q, re.I)]
+    sql = (queries or statements or [""])[-1]
+    return sql
+
+
+def _statements(text: str) -> list[str]:
+    """`text` split into SQL statements at the semicolons that end one (not those in a string)."""
+    out, start = [], 0
+    for at, char in enumerate(text):
+        if char == ";" and sqlite3.complete_statement(text[start:at + 1]):
+            out.append(text[start:at].strip())
+            start = at + 1
+    out.append(text[start:].strip())
+    return [q for q in out if q]
+
+
+# ---------------------------------------------------------------------------------------------
+# The reward
+
+
+def make_sql_result_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
+    """Reward "sql_result": 1.0 when the completion's SQL returns the gold query's result (see
+    `check_sql`), else 0.0 (also for no SQL in the completion); NaN for an example without `setup`.
+    Queries stopped at the time limit are counted in `bound_hits["timeout"]` (`reward/<name>/timeouts`)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"rewards.{config_key or 'sql_result'}.timeout_s must be a positive number, got {timeout_s!r}")
+
+    def sql_result(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        check_batch("sql_result", completions, examples)
+        out = np.zeros(len(completions), dtype=np.float64)
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            if not example.get("setup"):
+                out[i] = math.nan
+                continue
+            query = extract_sql(completion)
+            if query is None:
+                continue
+            check = check_sql(query, example, timeout_s=timeout_s, max_rows=max_rows)
+            out[i] = float(check.correct)
+            if check.result.timed_out:
+                sql_result.bound_hits["timeout"] += 1
+        return out
+
+    sql_result.bound_hits = Counter()
+    sql_result.reward_name = config_key or "sql_result"
+    return sql_result
+
+
+def make_sql_executes_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
+    """Reward "sql_executes": 1.0 when the completion holds a query that runs on the example's
+    database without error (read-only, within `timeout_s` and `max_rows`), whatever it returns; else
+    0.0; NaN for an example without `setup`. A small weight beside "sql_result" gives a model that
+    never gets a result right (SmolLM2-135M at the start) a signal towards valid SQL first."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"rewards.{config_key or 'sql_executes'}.timeout_s must be a positive number, got {timeout_s!r}")
+
+    def sql_executes(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        check_batch("sql_executes", completions, examples)
+        out = np.zeros(len(completions), dtype=np.float64)
+        for i, (completion, example) in enumerate(zip(completions, examples)):
+            if not example.get("setup"):
+                out[i] = math.nan
+                continue
+            query = extract_sql(completion)
+            if query is not None:
+                result = run_sql(example["setup"], query, timeout_s=timeout_s, max_rows=max_rows)
+                out[i] = float(result.error is None)
+                if result.timed_out:
+                    sql_executes.bound_hits["timeout"] += 1
+        return out
+
+    sql_executes.bound_hits = Counter()
+    sql_executes.reward_name = config_key or "sql_executes"
+    return sql_executes
+
+
+register_task("sql", _sql_task, overwrite=True)
+register_reward("sql_result", make_sql_result_reward, overwrite=True)
+register_reward("sql_executes", make_sql_executes_reward, overwrite=True)
+
+__all__ = ["QUESTION_NAMES", "SqlCheck", "SqlResult", "check_sql", "extract_sql", "make_sql_executes_reward",
+           "make_sql_result_reward", "open_database", "run_sql"]
