@@ -310,15 +310,15 @@ def _statements(text: str) -> list[str]:
 # The reward
 
 
-def make_sql_result_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
-    """Reward "sql_result": 1.0 when the completion's SQL returns the gold query's result (see
-    `check_sql`), else 0.0 (also for no SQL in the completion); NaN for an example without `setup`.
-    Queries stopped at the time limit are counted in `bound_hits["timeout"]` (`reward/<name>/timeouts`)."""
+def _sql_reward(name: str, score, *, timeout_s: float, max_rows: int, config_key: str | None):
+    """A batch reward called ``config_key or name``: ``score(query, example) -> (value, timed_out)`` for
+    each completion's extracted SQL; 0.0 without SQL, NaN for an example without ``setup``; queries
+    stopped at the time limit counted in ``bound_hits["timeout"]`` (``reward/<name>/timeouts``)."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"rewards.{config_key or 'sql_result'}.timeout_s must be a positive number, got {timeout_s!r}")
+        raise ValueError(f"rewards.{config_key or name}.timeout_s must be a positive number, got {timeout_s!r}")
 
-    def sql_result(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        check_batch("sql_result", completions, examples)
+    def reward(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        check_batch(name, completions, examples)
         out = np.zeros(len(completions), dtype=np.float64)
         for i, (completion, example) in enumerate(zip(completions, examples)):
             if not example.get("setup"):
@@ -327,15 +327,26 @@ def make_sql_result_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, conf
             query = extract_sql(completion)
             if query is None:
                 continue
-            check = check_sql(query, example, timeout_s=timeout_s, max_rows=max_rows)
-            out[i] = float(check.correct)
-            if check.result.timed_out:
-                sql_result.bound_hits["timeout"] += 1
+            out[i], timed_out = score(query, example)
+            if timed_out:
+                reward.bound_hits["timeout"] += 1
         return out
 
-    sql_result.bound_hits = Counter()
-    sql_result.reward_name = config_key or "sql_result"
-    return sql_result
+    reward.bound_hits = Counter()
+    reward.reward_name = config_key or name
+    return reward
+
+
+def make_sql_result_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
+    """Reward "sql_result": 1.0 when the completion's SQL returns the gold query's result (see
+    `check_sql`), else 0.0 (also for no SQL in the completion); NaN for an example without `setup`.
+    Queries stopped at the time limit are counted in `bound_hits["timeout"]` (`reward/<name>/timeouts`)."""
+
+    def score(query, example):
+        check = check_sql(query, example, timeout_s=timeout_s, max_rows=max_rows)
+        return float(check.correct), check.result.timed_out
+
+    return _sql_reward("sql_result", score, timeout_s=timeout_s, max_rows=max_rows, config_key=config_key)
 
 
 def make_sql_executes_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, config_key: str | None = None):
@@ -343,27 +354,12 @@ def make_sql_executes_reward(*, timeout_s: float = 1.0, max_rows: int = 1000, co
     database without error (read-only, within `timeout_s` and `max_rows`), whatever it returns; else
     0.0; NaN for an example without `setup`. A small weight beside "sql_result" gives a model that
     never gets a result right (SmolLM2-135M at the start) a signal towards valid SQL first."""
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"rewards.{config_key or 'sql_executes'}.timeout_s must be a positive number, got {timeout_s!r}")
 
-    def sql_executes(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        check_batch("sql_executes", completions, examples)
-        out = np.zeros(len(completions), dtype=np.float64)
-        for i, (completion, example) in enumerate(zip(completions, examples)):
-            if not example.get("setup"):
-                out[i] = math.nan
-                continue
-            query = extract_sql(completion)
-            if query is not None:
-                result = run_sql(example["setup"], query, timeout_s=timeout_s, max_rows=max_rows)
-                out[i] = float(result.error is None)
-                if result.timed_out:
-                    sql_executes.bound_hits["timeout"] += 1
-        return out
+    def score(query, example):
+        result = run_sql(example["setup"], query, timeout_s=timeout_s, max_rows=max_rows)
+        return float(result.error is None), result.timed_out
 
-    sql_executes.bound_hits = Counter()
-    sql_executes.reward_name = config_key or "sql_executes"
-    return sql_executes
+    return _sql_reward("sql_executes", score, timeout_s=timeout_s, max_rows=max_rows, config_key=config_key)
 
 
 register_task("sql", _sql_task, overwrite=True)
