@@ -5,15 +5,18 @@ multi-turn GRPO run that learns."""
 import json
 import os
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from rljax.algorithms import get as get_algorithm
 from rljax.config import ConfigError, from_yaml
 from rljax.environments import build_environment, register_environment
+from rljax.environments.base import environment_factory
 from rljax.environments.calculator import CalculatorEnv, calculator, evaluate_expression
 from rljax.environments.episodes import (episode_examples, episode_metrics, episodes_rollout, run_episodes,
                                          turn_sampler)
@@ -226,6 +229,23 @@ def test_an_environment_that_raises_fails_its_episode_only():
     assert roll.row_mask.tolist() == [False, False] and roll.prompt_mask.sum() == 2  # one attendable pad each
 
 
+def test_environments_step_concurrently():
+    # each step waits until all four episodes' steps are in flight: serial steps would break the barrier
+    barrier = threading.Barrier(4, timeout=30)
+
+    class Meeting(ToyEnv):
+        def step(self, action):
+            barrier.wait()
+            return super().step(action)
+
+    register_environment("meeting", Meeting, overwrite=True)
+    tok = tiny_tokenizer()
+    episodes = run_episodes(_scripted(tok, lambda context, turn: "abc"), tok, lambda: build_environment("meeting"),
+                            episode_examples("meeting", "train", 2, 0), repeats=2, max_turns=2, max_tokens=512,
+                            max_new_tokens=64, pad_id=EOS, workers=4)
+    assert [e.status for e in episodes] == ["terminated"] * 4, [e.error for e in episodes]
+
+
 def test_turn_and_token_budgets_truncate():
     echo = lambda context, turn: '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'  # noqa: E731
     tok, episodes = _run(echo, env="toy", max_turns=3)
@@ -257,6 +277,22 @@ def test_per_turn_credit_makes_one_row_per_turn():
     assert roll.prompt_ids[1][roll.prompt_mask[1] == 1].tolist() == e.token_ids[:s1]  # the context before turn 1
     assert roll.completion_ids[1, :e1 - s1].tolist() == e.token_ids[s1:e1]
     assert (roll.policy_mask == roll.completion_mask).all()  # a turn's tokens are all the policy's
+
+
+def test_a_template_that_renders_tools_gets_the_schemas_and_others_a_system_message():
+    tok = tiny_tokenizer()
+    plain = environment_factory("calculator", tokenizer=tok)()
+    assert not plain.native_tools and '"name": "calculator"' in plain.reset(seed=0)[0][0]["content"]
+    tok.chat_template = "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}" + tok.chat_template
+    native = environment_factory("calculator", tokenizer=tok)()
+    messages, info = native.reset(seed=0)
+    assert native.native_tools and info["tools"] == [calculator.schema] and "<tools>" not in messages[0]["content"]
+    episodes = run_episodes(_scripted(tok, _calculator_reply), tok, lambda: environment_factory("calculator", tokenizer=tok)(),
+                            episode_examples("calculator", "train", 1, 0), max_turns=3, max_tokens=1024,
+                            max_new_tokens=64, pad_id=EOS)
+    (e,) = episodes
+    assert e.success and tok.decode(e.token_ids[:e.prompt_length]).startswith('<tools>[{"type": "function"')
+    assert environment_factory("calculator", {"native_tools": False}, tokenizer=tok)().native_tools is False
 
 
 # ------------------------------------------------------------------ a tiny model
@@ -297,14 +333,15 @@ def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens
     noise = jnp.asarray(context, jnp.float32) * 7.0
     dirty = batch.replace(old_logprobs=batch.old_logprobs - noise, advantages=batch.advantages + noise)
 
-    def loss(b):
-        from flax import nnx
-        graphdef, params = nnx.split(model)
-        return jax.value_and_grad(lambda p: grpo.loss(nnx.merge(graphdef, p), b, cfg, temperature=1.0, num_rows=4,
-                                                      num_tokens=int(b.loss_mask.sum()),
-                                                      max_length=b.loss_mask.shape[1])[0])(params)
+    graphdef, params = nnx.split(model)
+    num_tokens, max_length = int(batch.loss_mask.sum()), batch.loss_mask.shape[1]
 
-    (clean_value, clean_grad), (dirty_value, dirty_grad) = loss(batch), loss(dirty)
+    @jax.jit
+    def loss(p, b):
+        return jax.value_and_grad(lambda p: grpo.loss(nnx.merge(graphdef, p), b, cfg, temperature=1.0, num_rows=4,
+                                                      num_tokens=num_tokens, max_length=max_length)[0])(p)
+
+    (clean_value, clean_grad), (dirty_value, dirty_grad) = loss(params, batch), loss(params, dirty)
     assert clean_value == dirty_value
     for a, b in zip(jax.tree.leaves(clean_grad), jax.tree.leaves(dirty_grad)):
         np.testing.assert_array_equal(a, b)
@@ -313,11 +350,11 @@ def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens
 def _agent_cfg(path, run_dir, steps, credit="trajectory"):
     return from_yaml(RunConfig, f"""
 model: {{name: {path}}}
-data: {{train_size: 64, eval_size: 8}}
-sampling: {{max_new_tokens: 8}}
-environment: {{name: toy, options: {{turns: 2}}, max_turns: 3, max_tokens: 128, credit: {credit}}}
+data: {{train_size: 64, eval_size: 4}}
+sampling: {{max_new_tokens: 6}}
+environment: {{name: toy, options: {{turns: 2}}, max_turns: 2, max_tokens: 96, credit: {credit}}}
 algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4}}
-optim: {{learning_rate: 1.0e-2}}
+optim: {{learning_rate: 2.0e-2}}
 train: {{steps: {steps}, run_dir: {run_dir}, progress: false, samples_every: 4, save_model: false, plot: false}}
 """)
 
@@ -330,10 +367,10 @@ def _metrics(run_dir):
 @pytest.mark.slow
 def test_multi_turn_grpo_on_the_toy_environment_raises_success(tiny, tmp_path):
     path = tiny[0]
-    summary = OnlineTrainer(_agent_cfg(path, tmp_path, steps=16)).fit()
+    summary = OnlineTrainer(_agent_cfg(path, tmp_path, steps=10)).fit()
     steps = [m for m in _metrics(tmp_path) if "loss" in m]
     returns = [m["env/return"] for m in steps]
-    assert np.mean(returns[-4:]) > np.mean(returns[:4]) + 0.2, returns
+    assert np.mean(returns[-3:]) > np.mean(returns[:3]) + 0.15, returns  # measured: 0.11 -> 0.38
     assert summary["after"]["eval/env/success_rate"] > summary["before"]["eval/env/success_rate"] + 0.5, summary
     assert all(m["env/turns"] == 2 and m["env/failed"] == 0 for m in steps)
 
@@ -341,7 +378,7 @@ def test_multi_turn_grpo_on_the_toy_environment_raises_success(tiny, tmp_path):
 def test_per_turn_credit_trains_with_the_unchanged_loss(tiny, tmp_path):
     trainer = OnlineTrainer(_agent_cfg(tiny[0], tmp_path, steps=1, credit="turn"))
     metrics = trainer.step_once()
-    assert len(trainer.last_rollouts) == 4 * 4 * 3  # prompts × group × max_turns rows
+    assert len(trainer.last_rollouts) == 4 * 4 * 2  # prompts × group × max_turns rows
     assert metrics["env/turns"] == 2 and np.isfinite(metrics["loss"])
 
 

@@ -28,6 +28,7 @@ Registry: ``register_environment(name, factory)``; built-ins ``calculator``
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable, Mapping
 
 __all__ = ["Environment", "build_environment", "register_environment", "registered_environments"]
@@ -95,11 +96,29 @@ def build_environment(name: str, options: Mapping[str, Any] | None = None) -> En
     return env
 
 
-def environment_factory(name: str, options: Mapping[str, Any] | None = None) -> Callable[[], Environment]:
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders tool schemas (``apply_chat_template(..., tools=...)``:
+    Qwen2.5, Llama 3.1, Hermes); SmolLM2's does not."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return isinstance(template, str) and "tools" in template
+
+
+def environment_factory(name: str, options: Mapping[str, Any] | None = None, *,
+                        tokenizer: Any = None) -> Callable[[], Environment]:
     """A function that builds a fresh ``name`` environment per call (checked once now, so a bad name
-    or option fails at start)."""
+    or option fails at start). With ``tokenizer`` whose chat template renders tools, an environment
+    that takes ``native_tools`` (``rljax.environments.tools.ToolEnvironment``) and was not given it gets
+    ``native_tools=True``: the template lists the schemas in its own format."""
+    options = dict(options or {})
+    if tokenizer is not None and "native_tools" not in options and template_renders_tools(tokenizer):
+        try:
+            accepts = "native_tools" in inspect.signature(_resolve(name)).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        if accepts:
+            options["native_tools"] = True
     build_environment(name, options).close()
     return lambda: build_environment(name, options)
 
 
-__all__.append("environment_factory")
+__all__ += ["environment_factory", "template_renders_tools"]

@@ -137,7 +137,7 @@ def _glue_text(tokenizer, episode: Episode, content: str, stop_text: str | None,
     return tail + after[len(with_turn):]
 
 
-def _reset(make_env: Callable[[], Environment], episode: Episode, seed, options, tokenizer) -> Environment | None:
+def _reset(make_env: Callable[[], Environment], episode: Episode, seed, options) -> Environment | None:
     t0 = time.perf_counter()
     env = None
     try:
@@ -145,20 +145,18 @@ def _reset(make_env: Callable[[], Environment], episode: Episode, seed, options,
         messages, info = env.reset(seed=seed, options=options)
         episode.messages = [dict(m) for m in messages]
         episode.tools = (info or {}).get("tools")
-        episode.token_ids = _encode(tokenizer, _render(tokenizer, episode.messages, episode.tools, True))
     except Exception as exc:  # a broken environment ends this episode only
         episode.status, episode.error = "failed", f"reset: {type(exc).__name__}: {exc}"
         _close(env)
         env = None
-    episode.prompt_length = len(episode.token_ids)
-    episode.policy_mask = [0] * episode.prompt_length
-    episode.logprobs = [0.0] * episode.prompt_length
     episode.env_time_s += time.perf_counter() - t0
     return env
 
 
-def _step(env: Environment, episode: Episode, content: str, stop_text: str | None, tokenizer) -> None:
+def _step(env: Environment, episode: Episode, content: str) -> list[dict] | None:
+    """``env.step``; the new messages when the episode goes on, else None."""
     t0 = time.perf_counter()
+    new_messages = None
     try:
         messages, reward, terminated, truncated, info = env.step(content)
         info = info or {}
@@ -170,15 +168,23 @@ def _step(env: Environment, episode: Episode, content: str, stop_text: str | Non
             episode.status = "terminated" if terminated else "truncated"
             episode.truncation = "" if terminated else "env"
             episode.success = bool(info.get("success", False))
+            episode.messages.append({"role": "assistant", "content": content})
+            episode.messages += [dict(m) for m in messages]
         else:
-            glue = _encode(tokenizer, _glue_text(tokenizer, episode, content, stop_text, list(messages)))
-            episode.token_ids += glue
-            episode.policy_mask += [0] * len(glue)
-            episode.logprobs += [0.0] * len(glue)
-        episode.messages += [{"role": "assistant", "content": content}] + [dict(m) for m in messages]
+            new_messages = [dict(m) for m in messages]
     except Exception as exc:
         episode.status, episode.error = "failed", f"step {episode.num_turns}: {type(exc).__name__}: {exc}"
     episode.env_time_s += time.perf_counter() - t0
+    return new_messages
+
+
+def _append_reply(tokenizer, episode: Episode, content: str, stop_text: str | None, new_messages: list[dict]) -> None:
+    """Append the environment's reply (and the template's glue) as context tokens."""
+    glue = _encode(tokenizer, _glue_text(tokenizer, episode, content, stop_text, new_messages))
+    episode.token_ids += glue
+    episode.policy_mask += [0] * len(glue)
+    episode.logprobs += [0.0] * len(glue)
+    episode.messages += [{"role": "assistant", "content": content}] + new_messages
 
 
 def _close(env) -> None:
@@ -201,9 +207,14 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
     """
     episodes = [Episode(example=dict(ex)) for ex in examples for _ in range(repeats)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        envs = list(pool.map(lambda e: _reset(make_env, e, e.example.get("seed"), e.example.get("options"),
-                                              tokenizer), episodes))
+        # the environments run in the pool; the tokenizer only here (a fast tokenizer is not thread-safe)
+        envs = list(pool.map(lambda e: _reset(make_env, e, e.example.get("seed"), e.example.get("options")),
+                             episodes))
         for e in episodes:
+            if e.status == "running":
+                e.token_ids = _encode(tokenizer, _render(tokenizer, e.messages, e.tools, True))
+            e.prompt_length = len(e.token_ids)
+            e.policy_mask, e.logprobs = [0] * e.prompt_length, [0.0] * e.prompt_length
             if e.status == "running" and e.prompt_length + max_new_tokens > max_tokens:
                 raise ValueError(f"the opening prompt of episode seed={e.example.get('seed')} is {e.prompt_length} "
                                  f"tokens, leaving no room for a turn of {max_new_tokens} tokens within "
@@ -220,7 +231,7 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
                 break
             ids, mask = pad_sequences([episodes[i].token_ids for i in live], side="left", pad_id=pad_id)
             tokens, tmask, logprobs, finished = sampler(ids, mask, turn)
-            jobs = []
+            jobs, replies = [], []
             for row, i in enumerate(live):
                 e, n = episodes[i], int(tmask[row].sum())
                 sampled = [int(t) for t in tokens[row, :n]]
@@ -232,9 +243,12 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
                 e.turn_finished.append(bool(finished[row]))
                 stop_text = tokenizer.decode(sampled[-1:], skip_special_tokens=False) if finished[row] and n else None
                 content = tokenizer.decode(sampled, skip_special_tokens=True)
-                jobs.append(pool.submit(_step, envs[i], e, content, stop_text, tokenizer))
-            for job in jobs:
-                job.result()
+                jobs.append(pool.submit(_step, envs[i], e, content))
+                replies.append((e, content, stop_text))
+            for job, (e, content, stop_text) in zip(jobs, replies):
+                new_messages = job.result()
+                if new_messages is not None:
+                    _append_reply(tokenizer, e, content, stop_text, new_messages)
             turn += 1
     for env in envs:
         _close(env)

@@ -21,7 +21,10 @@ JSON tool calls parse too: ``"parameters"`` is read as ``"arguments"``)::
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>
 
-It is also rljax's documented fallback for chat templates without tool support (SmolLM2's):
+A chat template that renders tools gets the schemas through ``apply_chat_template(..., tools=...)``
+(``ToolEnvironment(native_tools=True)``, which ``rljax.environments.base.environment_factory`` picks
+when the run's tokenizer has such a template). The same form is rljax's documented fallback for chat
+templates without tool support (SmolLM2's):
 :func:`tool_system_prompt` lists the schemas in the system message and asks for this form, and tool
 results come back as messages with role ``"tool"`` (a ChatML template renders any role). A call
 that does not parse is not an exception: :func:`parse_tool_calls` returns it as an error text

@@ -189,12 +189,13 @@ class OnlineTrainer:
             # an environment run is scored by its environment (rljax.environments), not by rewards
             env = cfg.environment
             self.rewards = None if env.name else build_rewards(cfg.rewards, tokenizer=tokenizer)
-            self.make_env = environment_factory(env.name, env.options) if env.name else None
+            self.make_env = environment_factory(env.name, env.options, tokenizer=tokenizer) if env.name else None
             # rows per group: a per-turn run pads each group's turns to group_size × max_turns rows
             self.group_rows = a.group_size * (env.max_turns if env.name and env.credit == "turn" else 1)
             self.advantage_cfg = a if self.group_rows == a.group_size else dataclasses.replace(
                 a, group_size=self.group_rows)
-            self.last_episode_metrics: dict[str, float] = {}
+            self.last_episodes: list = []  # the latest sample's episodes (environment runs)
+            self.last_episode_metrics: dict[str, float] = {}  # and their metrics (the last round's, if several)
             self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
             if resume:
                 self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
@@ -231,6 +232,7 @@ class OnlineTrainer:
                                 examples, repeats=repeats, max_turns=env.max_turns, max_tokens=env.max_tokens,
                                 max_new_tokens=sampling.max_new_tokens, pad_id=sampling.pad_token_id,
                                 workers=env.workers)
+        self.last_episodes = episodes
         self.last_episode_metrics = episode_metrics(episodes, prefix="eval/env/" if evaluation else "env/")
         return episodes_rollout(episodes, self.run.tokenizer, repeats=repeats, pad_id=sampling.pad_token_id,
                                 credit="trajectory" if evaluation else env.credit, max_turns=env.max_turns,
@@ -347,8 +349,10 @@ class OnlineTrainer:
         """
         examples = self.eval_examples if examples is None else examples
         key = rng.stream(self.cfg.train.seed, "eval")
-        rolls = [self.sample(examples[start : start + 64], key, repeats=1, evaluation=True)
-                 for start in range(0, len(examples), 64)]
+        rolls, episodes = [], []
+        for start in range(0, len(examples), 64):
+            rolls.append(self.sample(examples[start : start + 64], key, repeats=1, evaluation=True))
+            episodes += self.last_episodes
         self.last_eval_rollouts = rolls
         if not rolls:
             return {}
@@ -363,7 +367,8 @@ class OnlineTrainer:
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
         if self.rewards is not None:
             results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
-        results.update(self.last_episode_metrics)
+        if episodes:  # every batch's episodes
+            results.update(episode_metrics(episodes, prefix="eval/env/"))
         return results
 
     # ------------------------------------------------------------------ what fit calls
@@ -428,6 +433,8 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     rows = []
     for i, (text, ex) in enumerate(zip(roll.texts, roll.examples)):
         row = {"prompt": ex["prompt"], "completion": text, "answer": ex.get("answer")}
+        if "episode" in ex:  # a multi-turn episode: its conversation, status, return and tool calls
+            row["episode"] = ex["episode"]
         row.update({f"{prefix}{k}": float(v[i]) for k, v in roll.per_function.items()})
         rows.append(row)
     return rows
