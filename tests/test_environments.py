@@ -189,6 +189,16 @@ def test_a_trajectory_is_the_conversations_tokens_and_trains_on_the_sampled_ones
         assert int(batch.loss_mask[i].sum()) == sum(e.policy_mask) < n  # the tool's tokens are context
     assert roll.scores.tolist() == [1.0] * 4 and roll.per_function["success"].tolist() == [1.0] * 4
 
+    # PPO's GAE runs over the assistant tokens only, across the tool's message: with γ = λ = 1 and
+    # V = 0 every assistant token's return is the episode's return, and the tool's tokens get nothing
+    ppo = get_algorithm("ppo")
+    cfg = from_yaml(RunConfig, "algorithm: {name: ppo, gamma: 1.0, lam: 1.0, whiten_advantages: false}\n"
+                               "rewards: {answer: 1.0}").algorithm
+    out = ppo.advantages(batch.replace(old_values=jnp.zeros_like(batch.old_logprobs)), cfg)
+    trained = np.asarray(batch.loss_mask) == 1
+    np.testing.assert_allclose(np.asarray(out.returns)[trained], 1.0, rtol=0, atol=1e-6)
+    assert (np.asarray(out.returns)[~trained] == 0).all() and (np.asarray(out.advantages)[~trained] == 0).all()
+
 
 def test_a_malformed_or_unknown_tool_call_is_an_observation_not_a_crash():
     def reply(context, turn):
