@@ -17,7 +17,7 @@ from rljax.algorithms import get as get_algorithm
 from rljax.config import ConfigError, from_yaml
 from rljax.environments import build_environment, register_environment
 from rljax.environments.base import environment_factory
-from rljax.environments.calculator import CalculatorEnv, calculator, evaluate_expression
+from rljax.environments.calculator import CalculatorEnv, calculator, demonstration, evaluate_expression
 from rljax.environments.episodes import (episode_examples, episode_metrics, episodes_rollout, run_episodes,
                                          turn_sampler)
 from rljax.environments.tools import Tool, ToolCall, ToolError, parse_tool_calls, run_tool_call
@@ -113,6 +113,19 @@ def test_calculator_splits_are_disjoint_and_fixed_by_seed():
     assert env.step(f"<answer>{info['answer']}</answer>")[1:] == (1.0, True, False, {"success": True})
     env.reset(seed=5, options={"split": "eval"})
     assert env.step("<answer>12</answer>")[1:4] == (0.0, True, False)
+
+
+def test_a_demonstration_is_a_successful_episode_of_the_environment():
+    env = CalculatorEnv()
+    messages = demonstration(env, seed=4, split="eval")
+    a, b = env.problem(4, "eval")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2]["content"] == (f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}'
+                                      "</tool_call>")
+    assert messages[3]["content"] == str(a * b) and messages[4]["content"] == f"<answer>{a * b}</answer>"
+    opening, _ = env.reset(seed=4, options={"split": "eval"})
+    assert messages[:2] == opening and env.step(messages[2]["content"])[0] == [messages[3]]
+    assert env.step(messages[4]["content"])[1:4] == (1.0, True, False)
 
 
 def test_environments_build_by_name_or_python_path():

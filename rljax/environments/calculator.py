@@ -15,6 +15,7 @@ question.
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 from typing import Any, Mapping
@@ -24,7 +25,7 @@ import numpy as np
 from rljax.data.tasks import question_split
 from rljax.environments.tools import Tool, ToolEnvironment, ToolError
 
-__all__ = ["CalculatorEnv", "calculator", "calculator_opening", "evaluate_expression"]
+__all__ = ["CalculatorEnv", "calculator", "calculator_opening", "demonstration", "evaluate_expression"]
 
 INSTRUCTIONS = ("You are a careful assistant. Use the calculator tool for arithmetic, then give the final answer "
                 "as <answer>N</answer>.")
@@ -78,6 +79,18 @@ calculator = Tool(_calculator, name="calculator")
 def calculator_opening(a: int, b: int) -> tuple[str, str]:
     """``(system instructions, user text)`` of the problem ``a × b`` (the SFT demonstrations use these too)."""
     return INSTRUCTIONS, f"What is {a}*{b}?"
+
+
+def demonstration(env: "CalculatorEnv", seed: int, split: str = "train") -> list[dict]:
+    """A correct transcript of episode ``seed``, the messages an SFT warm start trains on: the
+    environment's opening (system with the tool schemas, user), the assistant's Hermes call, the
+    tool's result, the assistant's ``<answer>N</answer>``; exactly what ``env`` shows and returns."""
+    messages, info = env.reset(seed=seed, options={"split": split})
+    call = json.dumps({"name": "calculator", "arguments": {"expression": info["question"]}})
+    action = f"<tool_call>{call}</tool_call>"
+    replies, *_ = env.step(action)
+    answer = f"<answer>{replies[0]['content']}</answer>"
+    return messages + [{"role": "assistant", "content": action}] + replies + [{"role": "assistant", "content": answer}]
 
 
 class CalculatorEnv(ToolEnvironment):
