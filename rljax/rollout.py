@@ -214,7 +214,6 @@ def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
     with_rewards = {r.scores is not None for r in rollouts}
     if len(with_rewards) > 1:
         raise ValueError("concat_rollouts: some rollouts have rewards and some do not")
-    with_policy_mask = {r.policy_mask is not None for r in rollouts}
     names = {tuple(r.per_function) for r in rollouts}
     if len(names) > 1:
         raise ValueError(f"concat_rollouts: the rollouts have different reward functions: {sorted(names)}")
@@ -243,8 +242,8 @@ def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
         scores=scores, row_mask=row_mask, per_function=per_function,
         reward_metrics=_recompute_metrics(scores, row_mask, per_function),
         num_dropped=sum(r.num_dropped for r in rollouts),
-        policy_mask=cat(lambda r: r.completion_mask if r.policy_mask is None else r.policy_mask, N)
-        if True in with_policy_mask else None,
+        policy_mask=None if all(r.policy_mask is None for r in rollouts)
+        else cat(lambda r: r.completion_mask if r.policy_mask is None else r.policy_mask, N),
     )
 
 

@@ -25,6 +25,7 @@ from rljax.environments.toy import ToyEnv
 from rljax.logprobs import completion_logprobs
 from rljax.losses.policy import policy_gradient_loss
 from rljax.models import load
+from rljax.rollout import concat_rollouts
 from rljax.run_config import RunConfig
 from rljax.sampling import SamplingConfig
 from rljax.training import OnlineTrainer
@@ -201,6 +202,10 @@ def test_a_trajectory_is_the_conversations_tokens_and_trains_on_the_sampled_ones
         np.testing.assert_array_equal(np.asarray(batch.loss_mask[i, :n]), e.policy_mask[P:])
         assert int(batch.loss_mask[i].sum()) == sum(e.policy_mask) < n  # the tool's tokens are context
     assert roll.scores.tolist() == [1.0] * 4 and roll.per_function["success"].tolist() == [1.0] * 4
+
+    # DAPO's dynamic sampling takes groups and joins them: the policy mask goes along
+    joined = concat_rollouts([roll.take([2, 3]), roll.take([0, 1])], pad_id=EOS)
+    np.testing.assert_array_equal(joined.policy_mask, roll.policy_mask[[2, 3, 0, 1]])
 
     # PPO's GAE runs over the assistant tokens only, across the tool's message: with γ = λ = 1 and
     # V = 0 every assistant token's return is the episode's return, and the tool's tokens get nothing
