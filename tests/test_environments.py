@@ -378,7 +378,7 @@ def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens
 def _agent_cfg(path, run_dir, steps, credit="trajectory"):
     return from_yaml(RunConfig, f"""
 model: {{name: {path}}}
-data: {{train_size: 64, eval_size: 4}}
+data: {{train_size: 64, eval_size: 0}}  # no evaluation: a greedy sampler would compile for nothing
 sampling: {{max_new_tokens: 6}}
 environment: {{name: toy, options: {{turns: 2}}, max_turns: 2, max_tokens: 96, credit: {credit}}}
 algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4}}
@@ -394,13 +394,14 @@ def _metrics(run_dir):
 
 @pytest.mark.slow
 def test_multi_turn_grpo_on_the_toy_environment_raises_success(tiny, tmp_path):
-    path = tiny[0]
-    summary = OnlineTrainer(_agent_cfg(path, tmp_path, steps=10)).fit()
+    # compiling the sampler and the update is nearly all of the time: a step takes ~0.15 s after it
+    OnlineTrainer(_agent_cfg(tiny[0], tmp_path, steps=16)).fit()
     steps = [m for m in _metrics(tmp_path) if "loss" in m]
-    returns = [m["env/return"] for m in steps]
-    assert np.mean(returns[-3:]) > np.mean(returns[:3]) + 0.15, returns  # measured: 0.11 -> 0.38
-    assert summary["after"]["eval/env/success_rate"] > summary["before"]["eval/env/success_rate"] + 0.5, summary
-    assert all(m["env/turns"] == 2 and m["env/failed"] == 0 for m in steps)
+    success, returns = [m["env/success_rate"] for m in steps], [m["env/return"] for m in steps]
+    # measured: success 0 for the first 8 steps, then 0.31, 0.5 and 1.0 from step 11; returns 0.11 -> 0.99
+    assert max(success[:4]) == 0 and np.mean(success[-3:]) >= 0.5, success
+    assert np.mean(returns[-3:]) > np.mean(returns[:3]) + 0.3, returns
+    assert all(m["env/turns"] == 2 and m["env/failed"] == 0 and m["env/truncated"] == 0 for m in steps)
 
 
 def test_per_turn_credit_trains_with_the_unchanged_loss(tiny, tmp_path):
