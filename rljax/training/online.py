@@ -11,6 +11,10 @@ head or separate critic) -> ``algorithm.advantages`` -> :func:`update_epochs`: t
 ``num_iterations × mini_batches`` optimizer updates of ``algorithm.loss`` in one jitted call (each
 ``rljax.update.apply_update``: micro-batch gradient accumulation with the mini-batch's global
 totals, AdamW, a refusal to apply a non-finite update), plus the critic's on each mini-batch.
+
+With an ``environment`` section the rollouts are multi-turn episodes instead
+(``rljax.environments.episodes``: the environment's rewards score them, the loss counts the policy's
+tokens only), through the same batch, advantages and updates.
 """
 
 from __future__ import annotations
