@@ -165,6 +165,10 @@ class Rollout:
     per_function: dict[str, np.ndarray]  # reward name -> [R] float64 unweighted values, NaN = failed
     reward_metrics: dict[str, float]  # RewardSet.metrics of the rows ({} without rewards)
     num_dropped: int = 0  # prompts dropped by too_long="filter" (they have no rows)
+    # [R, N] int32, 1 where the policy sampled the token: what the loss trains on. None = the whole
+    # completion (single turn); a multi-turn trajectory (rljax.environments.episodes) also holds the
+    # environment's tokens, which completion_mask keeps as context.
+    policy_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -184,6 +188,7 @@ class Rollout:
             per_function={k: v[idx] for k, v in self.per_function.items()},
             reward_metrics=_recompute_metrics(self.scores, self.row_mask, self.per_function, idx),
             num_dropped=self.num_dropped,
+            policy_mask=None if self.policy_mask is None else self.policy_mask[idx],
         )
 
 
@@ -238,6 +243,8 @@ def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
         scores=scores, row_mask=row_mask, per_function=per_function,
         reward_metrics=_recompute_metrics(scores, row_mask, per_function),
         num_dropped=sum(r.num_dropped for r in rollouts),
+        policy_mask=None if all(r.policy_mask is None for r in rollouts)
+        else cat(lambda r: r.completion_mask if r.policy_mask is None else r.policy_mask, N),
     )
 
 

@@ -212,6 +212,31 @@ class MeshSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvironmentSection:
+    """Multi-turn episodes with an environment (``rljax.environments``) instead of single completions.
+    ``name: ""`` (the default) = off. Episodes come from the environment's ``reset(seed, {split})``
+    (``data.train_size`` training seeds, ``data.eval_size`` held-out ones); ``data.task`` is unused and
+    ``rewards`` must be empty (the environment's rewards are the score)."""
+
+    name: str = ""  # a registered environment (calculator, toy) or "module:Class"; "" = single-turn
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword arguments of its constructor
+    max_turns: int = 4  # assistant turns per episode (then truncated)
+    max_tokens: int = 1024  # tokens per trajectory, prompt included (no room for another turn: truncated)
+    # trajectory: one row per episode, scored by its return; turn: one row per assistant turn
+    # (agent-lightning), scored by the episode's return or its discounted reward-to-go
+    credit: Literal["trajectory", "turn"] = "trajectory"
+    turn_reward: Literal["return", "reward_to_go"] = "return"
+    gamma: float = 1.0  # discount of reward_to_go
+    workers: int = 8  # threads calling the environments
+
+    def validate(self) -> None:
+        check_range(self, "max_turns", low=1)
+        check_range(self, "max_tokens", low=1)
+        check_range(self, "gamma", low=0, high=1)
+        check_range(self, "workers", low=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -220,6 +245,7 @@ class RunConfig:
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
     mesh: MeshSection = MeshSection()
+    environment: EnvironmentSection = EnvironmentSection()
     # reward name -> weight (or {weight: w, ...options}); see rljax.rewards.base.build_rewards.
     # No default: a YAML's rewards replace nothing, they are the whole set. Online algorithms need at
     # least one; the preference-pair builder scores samples with them.
@@ -242,6 +268,11 @@ class RunConfig:
         if not self.is_online:
             if not self.data.path and not self.data.task:
                 raise ValueError(f"{self.algorithm.name} needs data.path (a file or data set) or data.task")
+            return
+        if self.environment.name:
+            if self.rewards:
+                raise FieldError("rewards", f"an environment run ({self.environment.name}) is scored by the "
+                                            "environment's rewards; leave rewards empty")
             return
         if not self.rewards:
             raise ValueError("rewards is empty: name at least one reward function, e.g. {answer: 1.0}")

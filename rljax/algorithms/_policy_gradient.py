@@ -90,7 +90,9 @@ def totals(batch: RolloutBatch) -> dict:
 
 def policy_logprobs(model, batch: RolloutBatch, cfg: OnlineSettings, *, temperature: float, with_values: bool = False):
     """The policy's log-probs (and entropy, values) of the batch's completion tokens, one forward pass."""
-    out = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.loss_mask,
+    # attend to every completion token (completion_mask): a multi-turn trajectory's environment tokens
+    # are context the policy saw while sampling, though the loss (loss_mask) leaves them out
+    out = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
                               temperature=temperature, with_entropy=True, with_values=with_values)
     if not cfg.entropy_coef:
         # logged only: XLA does not drop 0 * entropy, so without this the backward pass would run

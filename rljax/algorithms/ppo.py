@@ -86,7 +86,9 @@ def loss(model, batch: RolloutBatch, cfg: PPOConfig, *, temperature, num_rows, n
 def critic_loss(model, batch: RolloutBatch, cfg: PPOConfig, *, num_rows, num_tokens, max_length):
     """``(vf_coef · L_V, metrics)`` of a separate critic on one micro-batch: the same clipped value
     loss and global token count as the shared head's term (metrics ``value/*``)."""
-    values = completion_values(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.loss_mask)
+    # every completion token is context (multi-turn: the environment's too); the loss counts loss_mask's
+    values = completion_values(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                               batch.completion_mask)
     v_loss, metrics = _value_loss(values, batch, cfg, num_tokens)
     return cfg.vf_coef * v_loss, metrics
 

@@ -1,5 +1,10 @@
-"""Text environments, tools, and the verifiers that execute model output.
+"""Text environments, tools, multi-turn rollouts, and the verifiers that execute model output.
 
+``base``        the ``Environment`` interface (Gymnasium's ``reset`` / ``step`` over chat messages) and
+                its registry
+``tools``       tools with JSON schemas, the tool-call format and ``ToolEnvironment``
+``episodes``    multi-turn rollouts and their credit
+``calculator``, ``toy``  environments
 ``sandbox``     ``run_python``: untrusted Python in a process group with rlimits, a scratch directory,
                 an empty environment and, where bwrap works, namespaces (no network, read-only files)
 ``code_tasks``  data task ``code`` (function-writing problems with hidden unit tests) and reward
@@ -12,3 +17,6 @@ Importing this package registers its data tasks and rewards (``rljax.training.da
 
 from rljax.environments import code_tasks  # noqa: F401 - registers task "code", reward "code_tests"
 from rljax.environments import sql_tasks  # noqa: F401 - registers task "sql", reward "sql_result"
+from rljax.environments.base import Environment, build_environment, register_environment, registered_environments
+
+__all__ = ["Environment", "build_environment", "register_environment", "registered_environments"]

@@ -24,6 +24,7 @@ from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pai
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
 import rljax.environments  # noqa: F401 - registers its data tasks ("code", "sql") and their rewards
+from rljax.environments.episodes import episode_examples
 from rljax.errors import MissingFileError, UserError
 from rljax.rollout import PromptFormat, render_prompt
 from rljax.run_config import RunConfig
@@ -156,6 +157,9 @@ def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[di
     ``dropped/too_long`` (``eval_dropped/too_long`` for ``data.eval_path`` or a task's eval split).
     """
     d = cfg.data
+    if cfg.environment.name:  # episodes are reset by seed: the environment makes the prompts
+        return (episode_examples(cfg.environment.name, "train", d.train_size, cfg.train.seed),
+                episode_examples(cfg.environment.name, "eval", d.eval_size, cfg.train.seed), {})
     fmt = PromptFormat.from_data(d)
 
     def checked(rows: list[dict], source: str, column: str, counts: dict, prefix: str = "") -> list[dict]:

@@ -11,10 +11,15 @@ head or separate critic) -> ``algorithm.advantages`` -> :func:`update_epochs`: t
 ``num_iterations × mini_batches`` optimizer updates of ``algorithm.loss`` in one jitted call (each
 ``rljax.update.apply_update``: micro-batch gradient accumulation with the mini-batch's global
 totals, AdamW, a refusal to apply a non-finite update), plus the critic's on each mini-batch.
+
+With an ``environment`` section the rollouts are multi-turn episodes instead
+(``rljax.environments.episodes``: the environment's rewards score them, the loss counts the policy's
+tokens only), through the same batch, advantages and updates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -33,6 +38,8 @@ from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
 from rljax.distributed import is_main_process
+from rljax.environments.base import environment_factory
+from rljax.environments.episodes import episode_metrics, episodes_rollout, run_episodes, turn_sampler
 from rljax.errors import UserError
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.losses.kl import kl_penalty
@@ -147,7 +154,9 @@ def rollout_batch(roll: Rollout, *, mask_truncated: bool) -> RolloutBatch:
     ``mask_truncated``, rows that never stopped) are left out of the loss."""
     row_mask = np.asarray(roll.row_mask, bool)
     keep = row_mask & (np.asarray(roll.finished, bool) if mask_truncated else True)
-    loss_mask = roll.completion_mask * keep[:, None].astype(np.int32)
+    # a multi-turn trajectory trains on the policy's tokens only (the environment's are context)
+    trained = roll.completion_mask if roll.policy_mask is None else roll.policy_mask
+    loss_mask = trained * keep[:, None].astype(np.int32)
     return place_batch(RolloutBatch(
         prompt_ids=roll.prompt_ids, prompt_mask=roll.prompt_mask, completion_ids=roll.completion_ids,
         completion_mask=roll.completion_mask, loss_mask=loss_mask, old_logprobs=roll.logprobs,
@@ -183,7 +192,16 @@ class OnlineTrainer:
             # every prompt checked (and, with too_long: filter, dropped) before step 0 and before config.yaml
             self.train_examples, self.eval_examples, self.data_counts = online_examples(cfg, tokenizer)
             _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
-            self.rewards = build_rewards(cfg.rewards, tokenizer=tokenizer)  # a reward model may share it
+            # an environment run is scored by its environment (rljax.environments), not by rewards
+            env = cfg.environment
+            self.rewards = None if env.name else build_rewards(cfg.rewards, tokenizer=tokenizer)
+            self.make_env = environment_factory(env.name, env.options, tokenizer=tokenizer) if env.name else None
+            # rows per group: a per-turn run pads each group's turns to group_size × max_turns rows
+            self.group_rows = a.group_size * (env.max_turns if env.name and env.credit == "turn" else 1)
+            self.advantage_cfg = a if self.group_rows == a.group_size else dataclasses.replace(
+                a, group_size=self.group_rows)
+            self.last_episodes: list = []  # the latest sample's episodes (environment runs)
+            self.last_episode_metrics: dict[str, float] = {}  # and their metrics (the last round's, if several)
             self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
             if resume:
                 self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
@@ -205,10 +223,26 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------------ rollouts
     def sample(self, examples: list[dict], key, *, repeats: int, evaluation: bool = False) -> Rollout:
-        """``repeats`` completions per example with the current policy, scored; rows example-major."""
+        """``repeats`` completions per example with the current policy, scored; rows example-major.
+        With an environment: ``repeats`` episodes per example (``rljax.environments.episodes``; evaluation
+        always scores whole trajectories), their metrics in ``last_episode_metrics``."""
+        if self.make_env is not None:
+            return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation)
         return rollout(self.run.policy.split, self.run.tokenizer, examples, key,
                        sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
                        repeats=repeats, rewards=self.rewards)
+
+    def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool) -> Rollout:
+        env, sampling = self.cfg.environment, self.eval_sampling if evaluation else self.sampling
+        episodes = run_episodes(turn_sampler(self.run.policy.split, sampling, key), self.run.tokenizer, self.make_env,
+                                examples, repeats=repeats, max_turns=env.max_turns, max_tokens=env.max_tokens,
+                                max_new_tokens=sampling.max_new_tokens, pad_id=sampling.pad_token_id,
+                                workers=env.workers)
+        self.last_episodes = episodes
+        self.last_episode_metrics = episode_metrics(episodes, prefix="eval/env/" if evaluation else "env/")
+        return episodes_rollout(episodes, self.run.tokenizer, repeats=repeats, pad_id=sampling.pad_token_id,
+                                credit="trajectory" if evaluation else env.credit, max_turns=env.max_turns,
+                                turn_reward=env.turn_reward, gamma=env.gamma)
 
     def rollouts(self, key) -> tuple[Rollout, dict[str, float]]:
         """One step's rollouts: G completions for each of ``prompts_per_step`` prompts.
@@ -218,12 +252,12 @@ class OnlineTrainer:
         the remaining places are filled with dropped groups (their advantages are zero).
         """
         a = self.cfg.algorithm
-        G = a.group_size
+        G = self.group_rows
         groups, dropped = [], []
         stats = {"sampling/rounds": 0.0, "sampling/zero_variance_groups": 0.0}
         for round_ in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
             examples = [self.train_examples[i] for i in self.iterator.next_indices()]
-            roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=G)
+            roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=a.group_size)
             stats["sampling/rounds"] += 1
             flat = [_all_equal(roll.scores[g * G:(g + 1) * G][roll.row_mask[g * G:(g + 1) * G]])
                     for g in range(len(roll) // G)]
@@ -255,7 +289,7 @@ class OnlineTrainer:
         if value_head is not None:
             values_of = run.critic if value_head == "separate" else run.policy
             batch = batch.replace(old_values=score_values(*values_of.split, batch))
-        batch = self.algorithm.advantages(batch, a)
+        batch = self.algorithm.advantages(batch, self.advantage_cfg)
         jax.block_until_ready(batch)
         t_ref = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -265,7 +299,9 @@ class OnlineTrainer:
             # the KL is in the reward (PPO, RLOO, REINFORCE++): log the estimate the reward used
             metrics["kl/mean"] = reward_kl(batch, estimator=a.kl_estimator)
         metrics.update(roll.reward_metrics)
-        metrics.update(bound_hit_metrics(self.rewards.functions))  # every sample scored this step, dropped groups too
+        if self.rewards is not None:  # every sample scored this step, dropped groups too
+            metrics.update(bound_hit_metrics(self.rewards.functions))
+        metrics.update(self.last_episode_metrics)
         metrics.update({
             "completion/mean_length": float(roll.completion_mask.sum(-1).mean()),
             "completion/stopped_frac": float(np.mean(roll.finished)),
@@ -286,7 +322,7 @@ class OnlineTrainer:
         updates_done = run.step * a.num_iterations * a.mini_batches
         it = self.iterator
         return trl_metrics(
-            per_function=roll.per_function, total=roll.scores, group_size=a.group_size,
+            per_function=roll.per_function, total=roll.scores, group_size=self.group_rows,
             completion_lengths=roll.completion_mask.sum(-1), truncated=~np.asarray(roll.finished, bool),
             update_metrics=metrics, learning_rate=float(self._learning_rate(updates_done)),
             epoch=it.epoch + it.index / len(self.train_examples), num_tokens=self._num_tokens)
@@ -319,8 +355,10 @@ class OnlineTrainer:
         """
         examples = self.eval_examples if examples is None else examples
         key = rng.stream(self.cfg.train.seed, "eval")
-        rolls = [self.sample(examples[start : start + 64], key, repeats=1, evaluation=True)
-                 for start in range(0, len(examples), 64)]
+        rolls, episodes = [], []
+        for start in range(0, len(examples), 64):
+            rolls.append(self.sample(examples[start : start + 64], key, repeats=1, evaluation=True))
+            episodes += self.last_episodes
         self.last_eval_rollouts = rolls
         if not rolls:
             return {}
@@ -333,7 +371,10 @@ class OnlineTrainer:
                 results[f"eval/{name}/missing"] = float(np.mean(~scored))
         results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls]), dtype=np.float64))
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
-        results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
+        if self.rewards is not None:
+            results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
+        if episodes:  # every batch's episodes
+            results.update(episode_metrics(episodes, prefix="eval/env/"))
         return results
 
     # ------------------------------------------------------------------ what fit calls
@@ -400,6 +441,8 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     rows = []
     for i, (text, ex) in enumerate(zip(roll.texts, roll.examples)):
         row = {"prompt": ex["prompt"], "completion": text, "answer": ex.get("answer")}
+        if "episode" in ex:  # a multi-turn episode: its conversation, status, return and tool calls
+            row["episode"] = ex["episode"]
         row.update({f"{prefix}{k}": float(v[i]) for k, v in roll.per_function.items()})
         rows.append(row)
     return rows
