@@ -75,7 +75,9 @@ def make_splits(n: int, eval_n: int) -> tuple[list[dict], list[dict]]:
         if ab not in seen:
             seen.add(ab)
             held_out.append(ab)
-    rows = lambda pairs: [{"messages": transcript(a, b), "a": a, "b": b, "answer": str(a * b)} for a, b in pairs]  # noqa: E731
+    def rows(pairs):
+        return [{"messages": transcript(a, b), "a": a, "b": b, "answer": str(a * b)} for a, b in pairs]
+
     return rows(train), rows(held_out)
 
 

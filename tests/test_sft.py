@@ -248,3 +248,13 @@ def test_the_calculator_sft_config_runs_a_step(tiny_dir, tmp_path):
     summary = OfflineTrainer(cfg).fit()
     assert summary["steps"] == 16 // cfg.algorithm.batch_size  # epochs: 1
     assert summary["data"]["train_rows"] == 16 and "eval/nll" in summary["after"]
+
+
+def test_chunked_argmax_equals_the_full_logits_argmax():
+    from rljax.logprobs import chunked_logprobs
+
+    hidden = jax.random.normal(jax.random.key(0), (2, 7, 4))
+    proj = jax.random.normal(jax.random.key(1), (4, 11))
+    tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 11)
+    out = chunked_logprobs(lambda h: h @ proj, hidden, tokens, 3, with_argmax=True)
+    np.testing.assert_array_equal(out["argmax"], jnp.argmax(hidden @ proj, axis=-1))

@@ -41,7 +41,8 @@ __all__ = ["ROLES", "InvalidRowError", "assistant_pieces", "assistant_token_coun
 
 def _checked_messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise _Bad("malformed_messages", f"messages must be a non-empty list of {{role, content}}, got {messages!r:.80}")
+        raise _Bad("malformed_messages",
+                   f"messages must be a non-empty list of {{role, content}}, got {messages!r:.80}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
