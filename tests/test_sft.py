@@ -258,3 +258,15 @@ def test_chunked_argmax_equals_the_full_logits_argmax():
     tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 11)
     out = chunked_logprobs(lambda h: h @ proj, hidden, tokens, 3, with_argmax=True)
     np.testing.assert_array_equal(out["argmax"], jnp.argmax(hidden @ proj, axis=-1))
+
+
+def test_without_a_chat_template_one_exchange_is_raw_text_and_the_reply_ends_with_eos():
+    tok = tiny_tokenizer()
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                {"role": "assistant", "content": "AB"}]
+    ids, mask = transcript_tokens(tok, messages, chat=False)
+    assert tok.decode(ids) == "S\n\nQAB<|im_end|>" and mask == [0, 0, 0, 0, 1, 1, 1]
+    ids, mask = transcript_tokens(tok, messages, chat=False, append_eos=False)
+    assert mask == [0, 0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="one \\[system,\\] user, assistant exchange"):
+        transcript_tokens(tok, MULTI_TURN, chat=False)

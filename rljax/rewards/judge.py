@@ -391,4 +391,5 @@ def judge_metrics(functions: Mapping[str, Any], prefix: str = "reward/") -> dict
 register_reward("judge", make_judge_reward)
 
 __all__ = ["DEFAULT_QUESTION", "DEFAULT_RUBRIC", "JUDGE_COUNTS", "NO_WORDS", "YES_WORDS", "JudgeModel",
-           "group_messages", "judge_groups", "judge_metrics", "make_judge_reward", "parse_group_scores", "pointwise_messages", "yes_no_token_ids"]
+           "group_messages", "judge_groups", "judge_metrics", "make_judge_reward", "parse_group_scores",
+           "pointwise_messages", "yes_no_token_ids"]
