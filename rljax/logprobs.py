@@ -58,8 +58,9 @@ def chunked_logprobs(
     with_entropy: bool = False,
     with_argmax: bool = False,
 ) -> dict[str, jax.Array]:
-    """Log-probs (and entropies, most likely tokens) ``[B, N]`` of ``tokens`` from hidden states ``[B, N, D]``, ``chunk``
-    positions at a time, never holding more than ``[B, chunk, V]`` logits, forward or backward.
+    """Log-probs (and entropies, most likely tokens) ``[B, N]`` of ``tokens`` from hidden states
+    ``[B, N, D]``, ``chunk`` positions at a time, never holding more than ``[B, chunk, V]`` logits,
+    forward or backward.
 
     The same values as ``token_logprobs(logits_fn(hidden), tokens)`` (and ``entropy``): each chunk's
     logits are computed, reduced to ``[B, chunk]`` and dropped inside a ``lax.map``, and the chunk

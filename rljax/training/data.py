@@ -22,8 +22,8 @@ from typing import Any, Mapping
 from rljax.data.loading import load_records
 from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
 from rljax.data.records import load_scored_records, records_from_task
-from rljax.data.transcripts import load_transcripts, transcripts_from_task
 from rljax.data.tasks import make_task, question_split
+from rljax.data.transcripts import load_transcripts, transcripts_from_task
 from rljax.errors import MissingFileError, UserError
 from rljax.rollout import PromptFormat, render_prompt
 from rljax.run_config import RunConfig
