@@ -111,6 +111,8 @@ def main(argv=None) -> None:
     pw = pointwise(judge, samples(args.n, args.seed), **words)
     gr = grouped(judge, args.groups, args.seed, args.max_new_tokens)
     c = gr["counts"]
+    verdict = ("no better than chance" if abs(pw["auc"] - 0.5) < 0.1 else
+               "better than chance" if pw["auc"] > 0.5 else "worse than chance")
     reply = gr["example_reply"].replace("\n", " ")[:300]
     text = f"""# How well the embedded SmolLM2-135M-Instruct judges (experiments/judge_smollm2.py)
 
@@ -136,7 +138,8 @@ or off by 1..10; the verifier's correctness is the truth.
 
 ## Reading
 
-{{reading}}
+Pointwise AUC {pw['auc']:.2f}: {verdict}. The group judge gave every response a score in
+{gr['fully_parsed']} of {gr['groups']} groups.
 """
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
