@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rljax.models import load
-from rljax.rewards import build_reward, judge_metrics
+from rljax.rewards import build_reward, build_rewards, judge_metrics
 from rljax.rewards.judge import JudgeModel, judge_groups, parse_group_scores, pointwise_messages
 from tests._tiny import make_tiny_model_dir
 
@@ -87,8 +87,13 @@ def test_the_reward_groups_by_prompt_saves_replies_and_reports_counts():
 
 
 @pytest.fixture(scope="module")
-def tiny_judge(tmp_path_factory):
-    model, tokenizer = load(make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def tiny_judge(tiny_dir):
+    model, tokenizer = load(tiny_dir)
     return model, tokenizer
 
 
@@ -97,7 +102,7 @@ YES, NO = ("Y", "y"), ("N", "n")
 CONVERSATIONS = [pointwise_messages("What is 2+2?", c, question="Correct?") for c in ("4", "five", "<answer>4</answer>")]
 
 
-def test_pointwise_p_yes_is_the_softmax_ratio_of_the_next_token(tiny_judge):
+def test_pointwise_p_yes_is_the_softmax_ratio_of_the_next_token(tiny_judge, tiny_dir):
     model, tokenizer = tiny_judge
     judge = JudgeModel(model, tokenizer, batch_size=4, max_prompt_length=128)
     p = judge.yes_probability(CONVERSATIONS, yes_words=YES, no_words=NO)
@@ -113,6 +118,13 @@ def test_pointwise_p_yes_is_the_softmax_ratio_of_the_next_token(tiny_judge):
     assert 0 < p.min() and p.max() < 1 and np.ptp(p) > 0  # a random model: neither 0, 1 nor constant
     with pytest.raises(ValueError, match="no single-token spelling"):
         judge.yes_probability(CONVERSATIONS)  # "Yes" is three byte tokens
+    # from a config: no `model` given, the run's base model (the trainer's `base_model` context) judges
+    rewards = build_rewards({"judge": {"mode": "pointwise", "question": "Correct?", "yes_words": list(YES),
+                                       "no_words": list(NO), "max_prompt_length": 128, "batch_size": 4}},
+                            base_model=tiny_dir)
+    out = rewards(["4", "five", "<answer>4</answer>"], [{"prompt": "What is 2+2?"}] * 3)
+    np.testing.assert_allclose(out.total, p, rtol=1e-5)
+    assert rewards.functions["judge"].last_outputs[0] == f"P(yes)={p[0]:.6f}"
 
 
 def test_batched_equals_one_by_one_and_a_seed_fixes_the_output(tiny_judge):

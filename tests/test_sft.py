@@ -244,7 +244,7 @@ def test_the_calculator_sft_config_runs_a_step(tiny_dir, tmp_path):
     cfg = load_config(RunConfig, os.path.join(REPO, "configs", "sft_calculator_smollm2.yaml"), [
         f"model.name={tiny_dir}", f"train.run_dir={tmp_path}/run", "train.progress=false", "train.save_model=false",
         f"data.path={tmp_path}/train.jsonl", f"data.eval_path={tmp_path}/eval.jsonl"])
-    assert cfg.algorithm.name == "sft" and cfg.model.lora_rank is None  # full fine-tuning (the config says why)
+    assert cfg.algorithm.name == "sft" and cfg.model.lora_rank == 16
     summary = OfflineTrainer(cfg).fit()
     assert summary["steps"] == 16 // cfg.algorithm.batch_size  # epochs: 1
     assert summary["data"]["train_rows"] == 16 and "eval/nll" in summary["after"]
