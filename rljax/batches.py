@@ -113,6 +113,25 @@ class RecordBatch:
     weight: Array
 
 
+@flax.struct.dataclass
+class TranscriptBatch:
+    """``B`` chat transcripts for supervised fine-tuning (``rljax.data.transcripts``).
+
+    prompt_ids, prompt_mask         ``[B, P]`` int32, left-padded: the turns before the first assistant token
+    completion_ids, completion_mask ``[B, N]`` int32, right-padded: the rest (assistant, tool and user
+                                    turns); ``completion_mask`` marks real tokens (attention)
+    loss_mask                       ``[B, N]`` int32, 1 on the assistant tokens (the loss's tokens)
+    row_mask                        ``[B]`` int32, a real row
+    """
+
+    prompt_ids: Array
+    prompt_mask: Array
+    completion_ids: Array
+    completion_mask: Array
+    loss_mask: Array
+    row_mask: Array
+
+
 def pad_sequences(
     rows: Sequence[Sequence[int]],
     *,
@@ -154,4 +173,4 @@ def pad_sequences(
     return ids, mask
 
 
-__all__ = ["PairBatch", "RecordBatch", "RolloutBatch", "pad_sequences"]
+__all__ = ["PairBatch", "RecordBatch", "RolloutBatch", "TranscriptBatch", "pad_sequences"]

@@ -267,7 +267,8 @@ def _add_train(sub) -> None:
         "train",
         help="run an RL training job from a YAML config",
         description="Train with the algorithm the config names: online grpo, ppo, rloo, reinforce_pp; offline "
-        "dpo, reward_model, records (scored records). Every config field is documented in rljax/run_config.py "
+        "dpo, reward_model, records (scored records), sft (chat transcripts). Every config field is documented in "
+        "rljax/run_config.py "
         "and the algorithm's module (rljax/algorithms/NAME.py); override any of them as dotted KEY=VALUE arguments, e.g. "
         "optim.learning_rate=1e-5 train.steps=10. Metrics go to RUN_DIR/metrics.jsonl, samples to "
         "RUN_DIR/samples.jsonl, checkpoints to RUN_DIR/checkpoints.",

@@ -56,9 +56,11 @@ def chunked_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    with_argmax: bool = False,
 ) -> dict[str, jax.Array]:
-    """Log-probs (and entropies) ``[B, N]`` of ``tokens`` from hidden states ``[B, N, D]``, ``chunk``
-    positions at a time, never holding more than ``[B, chunk, V]`` logits, forward or backward.
+    """Log-probs (and entropies, most likely tokens) ``[B, N]`` of ``tokens`` from hidden states
+    ``[B, N, D]``, ``chunk`` positions at a time, never holding more than ``[B, chunk, V]`` logits,
+    forward or backward.
 
     The same values as ``token_logprobs(logits_fn(hidden), tokens)`` (and ``entropy``): each chunk's
     logits are computed, reduced to ``[B, chunk]`` and dropped inside a ``lax.map``, and the chunk
@@ -83,13 +85,16 @@ def chunked_logprobs(
     def one(h_c, t_c):
         logits = logits_fn(h_c)
         lp = token_logprobs(logits, t_c, temperature=temperature)
-        return lp, (entropy(logits, temperature=temperature) if with_entropy else None)
+        return (lp, entropy(logits, temperature=temperature) if with_entropy else None,
+                jnp.argmax(logits, axis=-1) if with_argmax else None)
 
-    lp, ent = jax.lax.map(lambda x: one(*x), (h, t))
+    lp, ent, top = jax.lax.map(lambda x: one(*x), (h, t))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(B, N + pad)[:, :N]  # noqa: E731
     out = {"logprobs": unchunk(lp)}
     if with_entropy:
         out["entropy"] = unchunk(ent)
+    if with_argmax:
+        out["argmax"] = unchunk(top)
     return out
 
 
@@ -103,12 +108,14 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     with_values: bool = False,
+    with_argmax: bool = False,
 ) -> dict[str, jax.Array]:
     """Log-probs ``[B, N]`` of completion tokens given left-padded prompts, in one forward pass.
 
     prompt_ids/prompt_mask ``[B, P]`` (left-padded), completion_ids/completion_mask ``[B, N]``
     (right-padded). Returns ``{"logprobs": [B, N]}`` plus ``"entropy"`` ``[B, N]`` and ``"values"``
-    ``[B, N]`` (the value head's estimate at the state *before* each completion token) when asked.
+    ``[B, N]`` (the value head's estimate at the state *before* each completion token) and ``"argmax"``
+    ``[B, N]`` (the most likely token at each completion position; token accuracy) when asked.
     Logits are computed only for the N positions that predict completion tokens; when the model's
     static ``logits_chunk`` is set (config ``model.logits_chunk``) and smaller than N, they are
     computed ``logits_chunk`` positions at a time (:func:`chunked_logprobs`), same values, less memory.
@@ -118,12 +125,14 @@ def completion_logprobs(
     chunk = getattr(model, "logits_chunk", None)
     if chunk and chunk < completion_ids.shape[1]:
         out = chunked_logprobs(model.logits, hidden, completion_ids, chunk, temperature=temperature,
-                               with_entropy=with_entropy)
+                               with_entropy=with_entropy, with_argmax=with_argmax)
     else:
         logits = model.logits(hidden)  # [B, N, V]
         out = {"logprobs": token_logprobs(logits, completion_ids, temperature=temperature)}
         if with_entropy:
             out["entropy"] = entropy(logits, temperature=temperature)
+        if with_argmax:
+            out["argmax"] = jnp.argmax(logits, axis=-1)
     if with_values:
         out["values"] = model.values(hidden)
     return out

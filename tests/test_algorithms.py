@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_algorithm_is_registered_with_its_own_config_section():
-    assert set(ALGORITHMS) == {"grpo", "ppo", "rloo", "reinforce_pp", "dpo", "reward_model", "records"}
+    assert set(ALGORITHMS) == {"grpo", "ppo", "rloo", "reinforce_pp", "dpo", "reward_model", "records", "sft"}
     members = union_members(AlgorithmConfig)
     assert set(members) == set(ALGORITHMS)
     for name, algorithm in ALGORITHMS.items():

@@ -10,16 +10,17 @@ name                kind     module
 ``dpo``             offline  DPO, cDPO, robust DPO, IPO, hinge, SimPO, ODPO
 ``reward_model``    offline  Bradley–Terry / K-wise reward models
 ``records``         offline  scored records: AWR, RWR, filtered behaviour cloning
+``sft``             offline  supervised fine-tuning on chat transcripts (assistant tokens only)
 ==================  =======  ==========================================================
 """
 
 from __future__ import annotations
 
-from rljax.algorithms import dpo, grpo, ppo, records, reinforce_pp, reward_model, rloo
+from rljax.algorithms import dpo, grpo, ppo, records, reinforce_pp, reward_model, rloo, sft
 from rljax.algorithms.base import OfflineAlgorithm, OnlineAlgorithm
 
 ALGORITHMS: dict[str, OnlineAlgorithm | OfflineAlgorithm] = {
-    m.ALGORITHM.name: m.ALGORITHM for m in (grpo, ppo, rloo, reinforce_pp, dpo, reward_model, records)
+    m.ALGORITHM.name: m.ALGORITHM for m in (grpo, ppo, rloo, reinforce_pp, dpo, reward_model, records, sft)
 }
 
 

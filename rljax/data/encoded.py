@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rljax.batches import PairBatch, RecordBatch, pad_sequences
+from rljax.batches import PairBatch, RecordBatch, TranscriptBatch, pad_sequences
 from rljax.data.preferences import strip_prefix, tokenize_response
 
 
@@ -29,6 +29,8 @@ class EncodedSet:
     prompts: list[list[int]]
     completions: list[list[list[int]]]  # [n][k] token ids
     values: dict[str, np.ndarray]  # name -> [n, ...] (margin, score, weight, ref_logps)
+    # transcripts (rljax.data.transcripts): [n][k] per-token loss mask of each completion (1 = assistant)
+    loss_masks: list[list[list[int]]] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -37,7 +39,8 @@ class EncodedSet:
         """The rows ``index``, in that order."""
         index = [int(i) for i in index]
         return EncodedSet([self.rows[i] for i in index], [self.prompts[i] for i in index],
-                          [self.completions[i] for i in index], {k: v[index] for k, v in self.values.items()})
+                          [self.completions[i] for i in index], {k: v[index] for k, v in self.values.items()},
+                          None if self.loss_masks is None else [self.loss_masks[i] for i in index])
 
 
 def _completions_of(row: dict) -> list[str]:
@@ -93,11 +96,12 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
 
 
 def collate(data: EncodedSet, indices, *, kind: str, num_completions: int, pad_id: int, prompt_buckets,
-            completion_buckets, rows: int | None = None) -> PairBatch | RecordBatch:
+            completion_buckets, rows: int | None = None) -> PairBatch | RecordBatch | TranscriptBatch:
     """The batch of ``data``'s rows ``indices`` (padded with empty rows, ``row_mask`` 0, to ``rows``).
 
     ``kind`` ``"pairs"`` / ``"ranked"`` give a ``PairBatch`` with ``K = num_completions``;
-    ``"records"`` a ``RecordBatch`` (its ``weight`` from ``data.values``).
+    ``"records"`` a ``RecordBatch`` (its ``weight`` from ``data.values``); ``"transcripts"`` a
+    ``TranscriptBatch`` (its ``loss_mask`` from ``data.loss_masks``).
     """
     indices = [int(i) for i in indices]
     rows = len(indices) if rows is None else rows
@@ -118,6 +122,12 @@ def collate(data: EncodedSet, indices, *, kind: str, num_completions: int, pad_i
         ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
                                   width=width, num_rows=rows)
         return RecordBatch(prompt_ids, prompt_mask, ids, mask, row_mask, values("weight"))
+    if kind == "transcripts":
+        ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
+                                  width=width, num_rows=rows)
+        loss_mask, _ = pad_sequences([data.loss_masks[i][0] for i in indices], side="right", pad_id=0,
+                                     width=width, num_rows=rows)
+        return TranscriptBatch(prompt_ids, prompt_mask, ids, mask, loss_mask, row_mask)
     K = num_completions
     flat = [data.completions[i][k] if k < len(data.completions[i]) else [] for i in indices for k in range(K)]
     ids, mask = pad_sequences(flat, side="right", pad_id=pad_id, width=width, num_rows=rows * K)

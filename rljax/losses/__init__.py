@@ -3,7 +3,7 @@
 Modules: ``reduce`` (token/sequence reductions, implemented once), ``policy`` (clipped surrogate,
 REINFORCE), ``kl`` (KL estimators), ``value`` (PPO value loss), ``preference`` (DPO family),
 ``reward_model`` (Bradley–Terry, K-wise ranking), ``records`` (AWR / RWR / filtered-BC weights and
-the weighted NLL of scored records).
+the weighted NLL of scored records), ``sft`` (NLL of a transcript's assistant tokens).
 """
 
 from rljax.losses.kl import KL_ESTIMATORS, kl_loss, kl_penalty
@@ -13,6 +13,7 @@ from rljax.losses.records import (RECORD_BASELINES, RECORD_MODES, prompt_baselin
                                  weighted_nll_loss)
 from rljax.losses.reduce import REDUCTIONS, masked_mean, reduce_tokens
 from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
+from rljax.losses.sft import sft_loss
 from rljax.losses.value import explained_variance, value_loss
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "record_weights",
     "reduce_tokens",
     "reinforce_loss",
+    "sft_loss",
     "value_loss",
     "weighted_nll_loss",
 ]

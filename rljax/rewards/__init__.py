@@ -14,6 +14,7 @@ from rljax.rewards.base import (
     registered_rewards,
     reward_metrics,
 )
+from rljax.rewards.judge import judge_metrics, make_judge_reward
 from rljax.rewards.learned import make_reward_model_reward
 from rljax.rewards.python_fn import load_function, make_python_reward, trl_reward_kwargs
 from rljax.rewards.sentiment import make_sentiment_reward, sentiment_scores
@@ -38,6 +39,8 @@ from rljax.rewards.verifiers import (
 )
 
 __all__ = [
+    "judge_metrics",
+    "make_judge_reward",
     "RewardFn", "RewardOutput", "RewardSet", "build_reward", "build_rewards", "call_reward",
     "combine", "per_sample", "register_reward", "registered_rewards", "reward_metrics",
     "make_reward_model_reward", "load_function", "make_python_reward", "trl_reward_kwargs",

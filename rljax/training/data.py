@@ -24,6 +24,7 @@ from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pai
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
 import rljax.environments  # noqa: F401 - registers its data tasks ("code", "sql") and their rewards
+from rljax.data.transcripts import load_transcripts, transcripts_from_task
 from rljax.environments.episodes import episode_examples
 from rljax.errors import MissingFileError, UserError
 from rljax.rollout import PromptFormat, render_prompt
@@ -200,7 +201,8 @@ def _check_few_shot_held_out(few_shot, evals: list[dict]) -> None:
 
 
 def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dict[str, int]]:
-    """Train and held-out rows of ``kind`` (``"pairs"``, ``"ranked"``, ``"records"``) and counts."""
+    """Train and held-out rows of ``kind`` (``"pairs"``, ``"ranked"``, ``"records"``, ``"transcripts"``)
+    and counts."""
     d, a, seed = cfg.data, cfg.algorithm, cfg.train.seed
     if not d.path:
         train_ex, eval_ex = _task_splits(cfg)
@@ -209,6 +211,8 @@ def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dic
         if kind == "ranked":
             return (ranked_from_task(train_ex, num_responses=a.task_responses, seed=seed),
                     ranked_from_task(eval_ex, num_responses=a.task_responses, seed=seed + 1), {})
+        if kind == "transcripts":
+            return transcripts_from_task(train_ex), transcripts_from_task(eval_ex), {}
         return (records_from_task(train_ex, responses_per_prompt=a.task_responses, seed=seed),
                 records_from_task(eval_ex, responses_per_prompt=a.task_responses, seed=seed + 1), {})
 
@@ -220,6 +224,9 @@ def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dic
         if kind == "ranked":
             return load_ranked_lists(source, prompt_column=d.prompt_column, ranked_column=a.ranked_column,
                                      invalid=a.invalid_rows)
+        if kind == "transcripts":
+            return load_transcripts(source, messages_column=a.messages_column, prompt_column=d.prompt_column,
+                                    completion_column=a.completion_column, invalid=a.invalid_rows)
         return load_scored_records(source, prompt_column=d.prompt_column, response_column=a.response_column,
                                    score_column=a.score_column, invalid=a.invalid_rows)
 

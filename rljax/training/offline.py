@@ -31,6 +31,7 @@ from rljax.algorithms import get as get_algorithm
 from rljax.data.batching import PromptIterator, default_buckets, pad_token_id
 from rljax.data.encoded import EncodedSet, collate, encode_rows
 from rljax.data.prompts import format_prompt
+from rljax.data.transcripts import encode_transcripts
 from rljax.run_config import RunConfig
 from rljax.sharding import place_batch, to_host
 from rljax.training import loop
@@ -134,10 +135,18 @@ class OfflineTrainer:
 
     def _encode(self, rows: list[dict], split: str) -> EncodedSet:
         d, a = self.cfg.data, self.cfg.algorithm
-        data, dropped = encode_rows(rows, self.run.tokenizer, render=self.format, assistant_prefix=d.assistant_prefix,
-                                    max_prompt_length=d.max_prompt_length, prompt_too_long=d.too_long,
-                                    max_completion_length=a.max_completion_length,
-                                    completion_too_long=a.completion_too_long, append_eos=a.append_eos, split=split)
+        if self.kind == "transcripts":  # the loss mask comes from rendering the template turn by turn
+            data, dropped = encode_transcripts(rows, self.run.tokenizer, system_prompt=d.system_prompt, chat=d.chat,
+                                               append_eos=a.append_eos, max_prompt_length=d.max_prompt_length,
+                                               prompt_too_long=d.too_long, max_completion_length=a.max_completion_length,
+                                               completion_too_long=a.completion_too_long, split=split)
+        else:
+            data, dropped = encode_rows(rows, self.run.tokenizer, render=self.format,
+                                        assistant_prefix=d.assistant_prefix, max_prompt_length=d.max_prompt_length,
+                                        prompt_too_long=d.too_long,
+                                        max_completion_length=a.max_completion_length,
+                                        completion_too_long=a.completion_too_long, append_eos=a.append_eos,
+                                        split=split)
         self.data_counts.update({f"{split}_dropped/{k}": v for k, v in dropped.items()})
         if self.algorithm.prepare is not None:
             data, counts = self.algorithm.prepare(data, a, split)
