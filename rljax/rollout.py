@@ -259,6 +259,17 @@ def _as_example(item: Any, index: int) -> dict:
                     f"got {type(item).__name__}")
 
 
+def _keep_reward_outputs(rewards: RewardSet, examples: list[dict]) -> None:
+    """A reward function that leaves per-sample text in ``fn.last_outputs`` (a judge's raw replies,
+    ``rljax.rewards.judge``) has it copied into each row's example as ``reward_outputs[name]``, read
+    now, before a later call (the evaluation's) overwrites it; the trainers write it with the samples."""
+    for name, fn in rewards.functions.items():
+        outputs = getattr(fn, "last_outputs", None)
+        if outputs is not None and len(outputs) == len(examples):
+            for ex, output in zip(examples, outputs):
+                ex.setdefault("reward_outputs", {})[name] = output
+
+
 def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
             sampling: SamplingConfig, fmt: PromptFormat, repeats: int = 1,
             rewards: RewardSet | None = None) -> Rollout:
@@ -306,6 +317,7 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
         if R:
             # each process scores the rows its devices sampled (several processes: then shared)
             local = rewards(texts[mine], row_examples[mine])
+            _keep_reward_outputs(rewards, row_examples[mine])
             reward = RewardOutput(gather_rows(local.total, mine, R),
                                   {k: gather_rows(v, mine, R) for k, v in local.per_function.items()},
                                   gather_rows(local.missing, mine, R))

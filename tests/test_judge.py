@@ -146,3 +146,34 @@ def test_batched_equals_one_by_one_and_a_seed_fixes_the_output(tiny_judge):
     assert outs[0][1] == outs[1][1]
     assert fn[0].judge_counts == {"groups": 1, "parse_failures": 2, "retries": 1, "fallback_groups": 1,
                                   "fallback_scores": 3}
+
+
+def test_a_run_with_a_judge_reward_logs_its_counts_and_saves_its_replies(tiny_dir, tmp_path):
+    """The trainer wiring: the judge defaults to the run's base model (``base_model``), its counters
+    are logged as ``reward/<name>/judge_*`` and its raw replies are written beside the samples."""
+    import json
+
+    from rljax.config import from_yaml
+    from rljax.run_config import RunConfig
+    from rljax.training import OnlineTrainer
+
+    cfg = from_yaml(RunConfig, f"""
+model: {{name: {tiny_dir}}}
+data: {{task: addition, train_size: 16, eval_size: 4, max_prompt_length: 64}}
+sampling: {{max_new_tokens: 4}}
+algorithm: {{name: grpo, group_size: 2, prompts_per_step: 2}}
+train: {{steps: 1, run_dir: {tmp_path}, progress: false, samples_every: 1, plot: false, save_model: false}}
+rewards: {{judge: {{mode: pointwise, yes_words: [Y, y], no_words: [N, n]}}}}
+""")
+    OnlineTrainer(cfg).fit()
+    with open(tmp_path / "metrics.jsonl") as f:
+        step = [json.loads(line) for line in f if '"reward/judge/judge_requests"' in line]
+    assert step and step[0]["reward/judge/judge_requests"] == 4.0  # 2 prompts x 2 completions
+    with open(tmp_path / "samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    replies = [s["reward_outputs"]["judge"] for s in samples]
+    assert len(replies) == 4 and all(r.startswith("P(yes)=") for r in replies)
+    for s in samples:  # the reply is the score the sample got
+        assert float(s["reward_outputs"]["judge"].split("=")[1]) == pytest.approx(s["reward/judge"], abs=1e-6)
+    evals = [json.loads(line) for line in open(tmp_path / "eval_samples_step1.jsonl")]
+    assert len(evals) == 4 and all("judge" in e["reward_outputs"] for e in evals)

@@ -48,6 +48,7 @@ from rljax.metrics_log import METRICS_FILE, read_jsonl
 from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
+from rljax.rewards.judge import judge_metrics
 from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
 from rljax.run_config import RunConfig
 from rljax.sharding import place_batch, to_host
@@ -194,7 +195,8 @@ class OnlineTrainer:
             _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
             # an environment run is scored by its environment (rljax.environments), not by rewards
             env = cfg.environment
-            self.rewards = None if env.name else build_rewards(cfg.rewards, tokenizer=tokenizer)
+            self.rewards = None if env.name else build_rewards(cfg.rewards, tokenizer=tokenizer,
+                                                                         base_model=cfg.model.name)
             self.make_env = environment_factory(env.name, env.options, tokenizer=tokenizer) if env.name else None
             # rows per group: a per-turn run pads each group's turns to group_size × max_turns rows
             self.group_rows = a.group_size * (env.max_turns if env.name and env.credit == "turn" else 1)
@@ -300,7 +302,7 @@ class OnlineTrainer:
             metrics["kl/mean"] = reward_kl(batch, estimator=a.kl_estimator)
         metrics.update(roll.reward_metrics)
         if self.rewards is not None:  # every sample scored this step, dropped groups too
-            metrics.update(bound_hit_metrics(self.rewards.functions))
+            metrics.update(_reward_counters(self.rewards.functions))
         metrics.update(self.last_episode_metrics)
         metrics.update({
             "completion/mean_length": float(roll.completion_mask.sum(-1).mean()),
@@ -372,7 +374,7 @@ class OnlineTrainer:
         results["eval/reward"] = float(np.mean(np.concatenate([r.scores for r in rolls]), dtype=np.float64))
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
         if self.rewards is not None:
-            results.update(bound_hit_metrics(self.rewards.functions, prefix="eval/"))
+            results.update(_reward_counters(self.rewards.functions, prefix="eval/"))
         if episodes:  # every batch's episodes
             results.update(episode_metrics(episodes, prefix="eval/env/"))
         return results
@@ -437,12 +439,21 @@ def _all_equal(scores: np.ndarray) -> bool:
     return len(scores) == 0 or bool(np.ptp(scores) == 0)
 
 
+def _reward_counters(functions, prefix: str = "reward/") -> dict[str, float]:
+    """What reward functions count beside their values since the last call: the bounded verifiers'
+    timeouts / memory / crashes (``rljax.rewards.bounded``) and the judges' parse failures, retries
+    and fallbacks (``rljax.rewards.judge``)."""
+    return {**bound_hit_metrics(functions, prefix=prefix), **judge_metrics(functions, prefix=prefix)}
+
+
 def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
     rows = []
     for i, (text, ex) in enumerate(zip(roll.texts, roll.examples)):
         row = {"prompt": ex["prompt"], "completion": text, "answer": ex.get("answer")}
         if "episode" in ex:  # a multi-turn episode: its conversation, status, return and tool calls
             row["episode"] = ex["episode"]
+        if "reward_outputs" in ex:  # what a reward function wrote for this sample (a judge's reply)
+            row["reward_outputs"] = ex["reward_outputs"]
         row.update({f"{prefix}{k}": float(v[i]) for k, v in roll.per_function.items()})
         rows.append(row)
     return rows
