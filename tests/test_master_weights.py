@@ -169,3 +169,46 @@ def test_a_master_copy_of_float32_parameters_is_refused_naming_the_key():
     assert cfg.model.storage_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="optim.master_dtype"):
         from_yaml(RunConfig, "model: {dtype: bfloat16}\noptim: {master_dtype: bfloat16}\nrewards: {answer: 1.0}")
+
+
+_ON_A_MESH = """
+import dataclasses, jax, numpy as np
+from rljax.config import from_yaml
+from rljax.run_config import RunConfig
+from rljax.training import OnlineTrainer
+cfg = from_yaml(RunConfig, '''
+model: {name: %(model)s, dtype: bfloat16}
+data: {task: addition, train_size: 16, eval_size: 4, max_prompt_length: 64}
+sampling: {max_new_tokens: 4}
+algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, kl_coef: 0.01}
+optim: {learning_rate: 1.0e-2, master_dtype: float32}
+mesh: {fsdp: 2, tensor: 2}
+train: {steps: 1, run_dir: %(run_dir)s, progress: false, plot: false, save_model: false}
+rewards: {length: 1.0}
+''')
+trainer = OnlineTrainer(cfg)
+trainer.step_once()
+p = trainer.run.policy
+for w, m in zip(jax.tree.leaves(p.params), jax.tree.leaves(p.opt_state.master)):
+    assert m.sharding == w.sharding, (m.sharding, w.sharding)
+    assert str(w.dtype) == "bfloat16" and str(m.dtype) == "float32"
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(m.astype(w.dtype)))
+print("sharded", sum(not w.sharding.is_fully_replicated for w in jax.tree.leaves(p.params)))
+"""
+
+
+@pytest.mark.heavy
+def test_on_a_mesh_the_master_copy_is_sharded_like_the_parameters(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests._tiny import make_tiny_model_dir
+
+    model = make_tiny_model_dir(tmp_path / "model")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu", PYTHONPATH=repo)
+    result = subprocess.run([sys.executable, "-c", _ON_A_MESH % dict(model=model, run_dir=tmp_path / "run")],
+                            capture_output=True, text=True, env=env, cwd=repo, timeout=1800)  # a hang guard
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split("sharded")[-1]) > 0  # some parameters (and their masters) are split
