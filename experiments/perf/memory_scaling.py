@@ -17,7 +17,7 @@ global-norm clipping. The two passes of a step that grow with N are compiled as 
 compiles them: the update (``rljax.training.online.update_epochs``: forward, backward, AdamW,
 parameters and AdamW state donated) and the scoring pass that gives the reference log-probs
 (``rljax.training.online.score_logprobs``). Sampling (the KV-cached decode loop, whose memory is the
-cache, ``[L, B, P + N, KVH, hd]``, 2 x 30 x 16 x 2112 x 3 x 64 x 4 bytes = 0.8 GB at N = 2048 in
+cache, ``[L, B, P + N, KVH, hd]``, 2 x 30 x 16 x 2112 x 3 x 64 x 4 bytes = 1.6 GB at N = 2048 in
 float32) is not measured here.
 
 Memory is XLA's own account of each compiled program (``compiled.memory_analysis()``): argument,
