@@ -29,7 +29,7 @@ from rljax.models.transformer import init_model
 from rljax.run_config import OptimSection, RunConfig
 from rljax.update import MasterWeightsState, apply_update, make_optimizer, master_params, with_master_weights
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4, num_kv_heads=2,
                   head_dim=8)
 IDS = jnp.asarray([[3, 4, 5, 6, 7, 8], [0, 0, 9, 10, 11, 12]])
 MASK = jnp.asarray([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])

@@ -91,7 +91,7 @@ def test_reward_rises(tiny_dir, tmp_path, algo, extra):
 
 def test_bfloat16_with_float32_master_weights_learns_and_checkpoints_its_master(tiny_dir, tmp_path):
     # model.dtype bfloat16 + optim.master_dtype float32: AdamW on a float32 master, bfloat16 weights
-    cfg = _cfg(tiny_dir, tmp_path, "grpo", ", kl_coef: 0.01", steps=16)
+    cfg = _cfg(tiny_dir, tmp_path, "grpo", ", kl_coef: 0.01", steps=10)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"),
                               optim=dataclasses.replace(cfg.optim, master_dtype="float32"))
     trainer = Trainer(cfg)
