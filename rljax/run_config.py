@@ -29,7 +29,10 @@ OFFLINE_ALGORITHMS = tuple(name for name, a in ALGORITHMS.items() if not a.onlin
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     name: str = "smollm2-135m-instruct"  # registered name, .gguf file or Hugging Face directory
-    dtype: Literal["float32", "bfloat16"] = "float32"  # compute and parameter dtype
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (and parameter dtype unless param_dtype)
+    # storage dtype of the weights the passes read (and of LoRA adapters); null = dtype. Mixed
+    # precision: dtype bfloat16 (param_dtype null) with optim.master_dtype float32
+    param_dtype: Optional[Literal["float32", "bfloat16"]] = None
     lora_rank: Optional[int] = None  # LoRA adapters of this rank; null = full fine-tuning
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -54,6 +57,11 @@ class ModelSection:
     # or slightly better (experiments/results/ppo_value_head_init.md).
     value_head_init: Optional[Literal["normal", "zeros"]] = None
     value_head_std: float = 0.02
+
+    @property
+    def storage_dtype(self) -> str:
+        """The parameters' dtype name: ``param_dtype``, or ``dtype`` when that is null."""
+        return self.param_dtype or self.dtype
 
     def validate(self) -> None:
         check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
@@ -130,6 +138,12 @@ class OptimSection:
     b1: float = 0.9
     b2: float = 0.999
     grad_clip: Optional[float] = 1.0  # global-norm clipping; null = off
+    # float32: AdamW updates a float32 master copy of the parameters with float32 moments, and the
+    # (bfloat16) parameters are the master rounded after each update (rljax/update.py
+    # with_master_weights): updates smaller than a bfloat16 weight's rounding step add up instead
+    # of being lost. Memory: +4 bytes per trained parameter. null = AdamW updates the parameters
+    # themselves, its moments in their dtype. Needs bfloat16 parameters (model.param_dtype / dtype).
+    master_dtype: Optional[Literal["float32"]] = None
 
     def validate(self) -> None:
         check_range(self, "learning_rate", low=0)
@@ -261,6 +275,11 @@ class RunConfig:
         return self.model.value_head_init or ALGORITHMS[self.algorithm.name].value_head_init
 
     def validate(self) -> None:
+        if self.optim.master_dtype is not None and self.optim.master_dtype == self.model.storage_dtype:
+            raise FieldError("optim.master_dtype", f"{self.optim.master_dtype} with {self.model.storage_dtype} "
+                                                   "parameters would keep a second, identical copy of them; the "
+                                                   "master copy is for bfloat16 parameters (model.dtype or "
+                                                   "model.param_dtype: bfloat16), else set it to null")
         weights = [w.get("weight", 1.0) if isinstance(w, dict) else w for w in self.rewards.values()]
         if weights and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w == 0 for w in weights):
             raise FieldError("rewards", f"every reward weight is 0 ({', '.join(self.rewards)}): the total reward "

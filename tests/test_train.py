@@ -89,6 +89,29 @@ def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     _check_trl_metrics([m for m in _metrics(tmp_path) if "loss" in m], clipped="reinforce" not in extra)
 
 
+def test_bfloat16_with_float32_master_weights_learns_and_checkpoints_its_master(tiny_dir, tmp_path):
+    # model.dtype bfloat16 + optim.master_dtype float32: AdamW on a float32 master, bfloat16 weights
+    cfg = _cfg(tiny_dir, tmp_path, "grpo", ", kl_coef: 0.01", steps=10)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"),
+                              optim=dataclasses.replace(cfg.optim, master_dtype="float32"))
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    rewards = _train_rewards(tmp_path)
+    assert np.mean(rewards[-4:]) > np.mean(rewards[:4]) + 0.1, rewards
+    assert summary["after"]["eval/lowercase"] > summary["before"]["eval/lowercase"] + 0.2, summary
+    p = trainer.run.policy
+    assert {str(x.dtype) for x in jax.tree.leaves(p.params)} == {"bfloat16"}
+    assert {str(x.dtype) for x in jax.tree.leaves(p.opt_state.master)} == {"float32"}
+    for w, m in zip(jax.tree.leaves(p.params), jax.tree.leaves(p.opt_state.master)):
+        np.testing.assert_array_equal(np.asarray(w), np.asarray(m.astype(w.dtype)))
+    # the checkpoint holds the master and the float32 moments: a resume restores them bit for bit
+    restored = Trainer(cfg, resume=True).run.policy
+    assert type(restored.opt_state) is type(p.opt_state)
+    for got, want in zip(jax.tree.leaves((restored.params, restored.opt_state)), jax.tree.leaves((p.params, p.opt_state))):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 TRL_KEYS = ("learning_rate", "epoch", "num_tokens", "completions/mean_length", "completions/min_length",
             "completions/max_length", "completions/clipped_ratio", "rewards/lowercase/mean", "rewards/lowercase/std",
             "reward", "reward_std", "frac_reward_zero_std", "entropy", "kl")

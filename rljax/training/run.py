@@ -249,10 +249,13 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
            write_config: bool, read_only: bool) -> Run:
     dtype = dtype_from_name(cfg.model.dtype)
     mesh, rules = run_mesh(cfg), cfg.mesh.rule_table()
-    head_init = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
-                     seed=cfg.train.seed, mesh=mesh, rules=rules)
+    # the weights are stored in model.param_dtype (null: model.dtype); with optim.master_dtype the
+    # optimizer keeps its own float32 copy (rljax.update.with_master_weights), sharded like them
+    load_args = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
+                     seed=cfg.train.seed, mesh=mesh, rules=rules,
+                     param_dtype=dtype_from_name(cfg.model.storage_dtype))
     model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers,
-                            **head_init)
+                            **load_args)
     optimizer = optimizer_for(cfg.optim, total_updates)
     if cfg.model.lora_rank:
         model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
@@ -267,7 +270,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     if critic is not None:
         # a critic directory without tokenizer files reads the policy's tokens with the policy's tokenizer
         critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers,
-                                              tokenizer=tokenizer, **head_init)
+                                              tokenizer=tokenizer, **load_args)
         if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise UserError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
                              "the critic reads the policy's tokens, so they must match")
