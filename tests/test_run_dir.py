@@ -327,3 +327,16 @@ def test_evaluating_a_run_reads_its_checkpoints_read_only(tiny_dir, tmp_path):
     assert evaluator.run.lock is None
     with RunDirLock(run_dir):  # the directory stays free for the training run
         pass
+
+
+def test_a_setting_newer_than_the_checkpoint_at_its_default_is_no_difference():
+    """A checkpoint written before `model.param_dtype` existed resumes when the setting is at its
+    default (what that checkpoint was trained with); another value, or another key, still differs."""
+    defaults = {"model": {"param_dtype": None, "dtype": "float32"}, "environment": {"name": ""}}
+    old = {"model": {"dtype": "float32"}}
+    assert config_differences(old, {"model": {"param_dtype": None, "dtype": "float32"}, "environment": {"name": ""}},
+                              defaults=defaults) == []
+    assert config_differences(old, {"model": {"param_dtype": "bfloat16", "dtype": "float32"}},
+                              defaults=defaults) == ['model.param_dtype: (absent) -> "bfloat16"']
+    assert config_differences(old, {"model": {"param_dtype": None, "dtype": "float32"}}) == [
+        "model.param_dtype: (absent) -> null"]  # without defaults, every new key is listed

@@ -131,7 +131,9 @@ class Run:
                 logger.warning("checkpoint step %d in %s stores no config (written by an older rljax): the resumed "
                                "config is not checked against it", restored_step, self.checkpointer.directory)
             else:
-                changed = config_differences(saved, config_dict(self.cfg))
+                # settings newer than the checkpoint count as their defaults
+                defaults = config_dict(RunConfig(algorithm=type(self.cfg.algorithm)()))
+                changed = config_differences(saved, config_dict(self.cfg), defaults=defaults)
                 if changed:
                     raise RunDirError(
                         f"--resume: the config differs from the one checkpoint step {restored_step} in "

@@ -207,14 +207,21 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any],
-                       allowed: tuple[str, ...] = RESUMABLE_KEYS) -> list[str]:
+                       allowed: tuple[str, ...] = RESUMABLE_KEYS, *, defaults: dict[str, Any] | None = None) -> list[str]:
     """The differences between two :func:`config_dict` s outside ``allowed``, one ``key: old -> new``
-    string each (dotted keys, sorted; a key one side lacks shows ``(absent)``)."""
+    string each (dotted keys, sorted; a key one side lacks shows ``(absent)``).
+
+    ``defaults`` (the :func:`config_dict` of the schema's defaults): a key the saved config lacks and
+    the new one holds at its default is no difference: the setting is newer than the checkpoint, and
+    its default is what the checkpoint was trained with (``model.param_dtype: null``, ``environment``)."""
     old_flat, new_flat = _flatten(saved), _flatten(new)
+    default_flat = _flatten(defaults or {})
     lines = []
     for key in sorted(old_flat.keys() | new_flat.keys()):
         old, now = old_flat.get(key, _ABSENT), new_flat.get(key, _ABSENT)
         if old == now or any(fnmatch.fnmatchcase(key, pattern) for pattern in allowed):
+            continue
+        if old is _ABSENT and key in default_flat and now == default_flat[key]:
             continue
         lines.append(f"{key}: {_show(old)} -> {_show(now)}")
     return lines
