@@ -484,6 +484,7 @@ def _add_plan(sub) -> None:
                    "(N simulated CPU devices)")
     p.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
                    help="the memory per chip to fit in (default: the target chip's)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON to PATH")
     p.set_defaults(func=_plan)
 
 
@@ -503,7 +504,8 @@ def _plan(args) -> int:
                 env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
                            JAX_PLATFORMS="cpu")
                 argv = [sys.executable, "-m", "rljax.cli", "plan", args.config, *args.overrides, "--target",
-                        args.target] + ([] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)])
+                        args.target] + ([] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)]) \
+                    + ([] if args.json is None else ["--json", args.json])
                 return subprocess.run(argv, env=env).returncode
         else:
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
@@ -523,6 +525,11 @@ def _plan(args) -> int:
     report = plan_run(cfg, args.target,
                       memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2 ** 30))
     print(format_report(report))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=1)
     print(f"# compiled {len(report.programs)} programs in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0 if report.fits else 1
 

@@ -310,6 +310,15 @@ class PlanReport:
     def fits(self) -> bool:
         return all(not p.oom and p.total_bytes <= self.memory_bytes for p in self.programs)
 
+    def to_dict(self) -> dict:
+        """Everything in the report as JSON-able values (``rljax plan --json``)."""
+        programs = [{**dataclasses.asdict(p), "total_bytes": p.total_bytes, "step_flops": p.step_flops}
+                    for p in self.programs]
+        return {"target": self.target.name, "num_devices": self.target.num_devices, "chip": dataclasses.asdict(
+                    self.target.spec), "memory_bytes": self.memory_bytes, "mesh": self.mesh_shape, "model": self.model,
+                "num_params": self.num_params, "trainable_params": self.trainable_params, "fits": self.fits,
+                "programs": programs, "replicated": self.replicated, "advice": self.advice}
+
 
 def count_collectives(hlo_text: str) -> dict[str, int]:
     """How many collective ops of each kind the (optimised) HLO text holds: ``all-gather``,
