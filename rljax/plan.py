@@ -34,6 +34,7 @@ import dataclasses
 import math
 import os
 import re
+import time
 from typing import Any
 
 import jax
@@ -282,6 +283,7 @@ class ProgramReport:
     time_s: float = 0.0  # roofline estimate (set by plan_run)
     bound: str = ""  # "compute" | "memory"
     in_step: bool = True  # counted in the step's time (the offline reference cache is not: it runs once)
+    compile_s: float = 0.0  # seconds this machine took to lower and compile it
 
     @property
     def step_flops(self) -> float:
@@ -355,8 +357,10 @@ def _matmul_params(config, *, with_head: bool = True) -> int:
 
 def _compile(name: str, what: str, jitted, args: tuple, kwargs: dict, analytic: float) -> ProgramReport:
     report = ProgramReport(name, what, analytic_flops=analytic)
+    start = time.perf_counter()
     try:
         compiled = jitted.lower(*args, **kwargs).compile()
+        report.compile_s = time.perf_counter() - start
     except Exception as err:  # XlaRuntimeError: RESOURCE_EXHAUSTED ... CompileTimeHbmOom
         text = str(err)
         if "RESOURCE_EXHAUSTED" in text or "HbmOom" in text or "out of memory" in text.lower():
@@ -599,26 +603,38 @@ def _roofline(p: ProgramReport, spec: ChipSpec, n: int) -> None:
 
 # ----------------------------------------------------------------------------------- the report
 def _advice(report: PlanReport, cfg) -> list[str]:
+    """What to change when a program does not fit: the state's share first when the arguments alone
+    are over (more sharding, LoRA, bfloat16), the activations' when the temporaries are."""
     if report.fits:
         return []
-    m = cfg.mesh
-    advice = []
-    over = [p for p in report.programs if p.oom or p.total_bytes > report.memory_bytes]
-    if m.data > 1 or m.tensor > 1 or m.fsdp != -1:
-        advice.append("shard the parameters and optimizer state further: more devices on mesh.fsdp (e.g. "
-                      "mesh.data=1 mesh.fsdp=-1), or a larger target")
-    else:
-        advice.append("a larger target (more chips: mesh.fsdp=-1 shards parameters and optimizer state over all)")
-    if cfg.model.remat == "none":
-        advice.append("model.remat=block with model.scan_layers=true (keep only each block's input for the backward)")
-    if cfg.model.logits_chunk is None:
-        advice.append("model.logits_chunk=256 (never hold [B, T, V] logits at once)")
-    advice.append("fewer sequences per micro-batch: algorithm.micro_batch_size (same gradient, less activation memory)")
+    memory = report.memory_bytes
+    lines, state_over = [], False
+    for p in report.programs:
+        if p.oom:
+            lines.append(f"{p.name}: the compiler refused it: {p.oom[:300]}")
+        elif p.total_bytes > memory:
+            state_over |= p.argument_bytes > memory
+            lines.append(f"{p.name} needs {_gib(p.total_bytes)} per chip (arguments {_gib(p.argument_bytes)}, "
+                         f"temporaries {_gib(p.temp_bytes)}) of {_gib(memory)}")
+    state = []
+    if report.mesh_shape["fsdp"] < report.target.num_devices:
+        state.append("shard parameters and optimizer state over more devices: mesh.fsdp=-1 (all devices not on "
+                     "mesh.data / mesh.tensor), mesh.data=1")
+    state.append("a larger target (more chips to shard over)")
     if not cfg.model.lora_rank:
-        advice.append("model.lora_rank=16 (train adapters: no full-size gradients or optimizer state)")
+        state.append("model.lora_rank=16 (train adapters: no full-size gradients or optimizer state)")
     if cfg.model.dtype == "float32":
-        advice.append("model.dtype=bfloat16 (half the parameter and activation bytes)")
-    return [f"{', '.join(p.name for p in over)} does not fit; try:"] + ["  - " + a for a in advice]
+        state.append("model.dtype=bfloat16 (half the parameter and activation bytes)")
+    activations = []
+    if cfg.model.remat == "none":
+        activations.append("model.remat=block with model.scan_layers=true (keep only each block's input for the "
+                           "backward)")
+    if cfg.model.logits_chunk is None:
+        activations.append("model.logits_chunk=256 (never hold [B, T, V] logits at once)")
+    activations.append("fewer sequences per micro-batch: algorithm.micro_batch_size (the same gradient)")
+    activations.append("shorter sequences: sampling.max_new_tokens / data.max_prompt_length")
+    ordered = state + activations if state_over else activations + state
+    return lines + ["try:"] + ["  - " + a for a in ordered]
 
 
 def _seconds(t: float) -> str:
@@ -670,7 +686,8 @@ def format_report(report: PlanReport) -> str:
     if step_time and not any(p.oom for p in report.programs):
         lines.append(f"| **one step** | | {_tflop(step_flops / n)} | {_seconds(step_time)} | | "
                      f"{step_flops / n / spec.peak_flops / step_time:.0%} | |")
-    lines += ["", "Programs: " + "; ".join(f"{p.name} = {p.what}" for p in report.programs),
+    lines += ["", "Programs: " + "; ".join(f"{p.name} = {p.what} (compiled in {p.compile_s:.0f} s)"
+                                          for p in report.programs),
               "analytic = 2·N·tokens per forward (3 forwards' worth for training, 2 with LoRA's frozen weights, "
               "+1 with remat) + 4·T²·H·hd per layer and row, N = matmul weights; XLA counts a loop body (layer "
               "scan, decode loop) once. Roofline time = max(FLOPs / peak, bytes accessed / bandwidth) of the "

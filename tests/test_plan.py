@@ -127,7 +127,7 @@ def test_accelerator_configs_parse_and_their_models_need_only_config_json(path):
 
     cfg = load_config(RunConfig, path)
     model_dir = os.path.join(REPO, cfg.model.name)
-    assert os.listdir(model_dir) == ["config.json"]
+    assert os.listdir(model_dir) == ["config.json"]  # nothing else: no weights, no tokenizer
     assert model_config_for(model_dir).num_layers >= 28
 
 
