@@ -460,16 +460,20 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, temperature=cfg.sampling.temperature,
                      num_micro=a.num_micro, num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic),
                 analytic))
-            if algo.needs_reference(a) or True:  # the reference pass (or the old log-probs) has this shape
+            if algo.needs_reference(a):
                 programs.append(_compile(
                     "scoring", f"score_logprobs: reference log-probs of [{R} rows, {P}+{N} tokens]",
                     score_logprobs, (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
                     analytic_flops(config, P + N, R, passes=1.0)))
-            if value_head == "separate":
+            if value_head is not None:
+                separate = value_head == "separate"
+                split = ((critic["critic_graphdef"], critic["critic_params"], critic["critic_frozen"]) if separate
+                         else (graphdef, params, frozen))
                 programs.append(_compile(
-                    "critic values", f"score_values: the critic's values of [{R} rows, {P}+{N} tokens]",
-                    score_values, (critic["critic_graphdef"], critic["critic_params"], critic["critic_frozen"], batch),
-                    {}, analytic_flops(critic_config, P + N, R, passes=1.0, with_head=False)))
+                    "values", f"score_values: {'the critic' if separate else 'the value head'}'s values of "
+                              f"[{R} rows, {P}+{N} tokens]",
+                    score_values, (*split, batch), {},
+                    analytic_flops(critic_config if separate else config, P + N, R, passes=1.0, with_head=False)))
             programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
         else:
             graphdef, params, frozen = _abstract_split(config, cfg, value_head=algo.value_head, lora=lora, mesh=mesh,
