@@ -148,3 +148,15 @@ def test_plan_smallest_real_config_fits(tmp_path):
                     REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FITS" in proc.stdout
+
+
+def test_llama3_config_with_several_eos_ids_stays_hashable():
+    # the model's graph (holding its config) is a static argument of every jitted step
+    from rljax.models.config import ModelConfig
+    from rljax.plan import model_config_for
+
+    config = model_config_for(os.path.join(REPO, "configs", "models", "llama-3.1-8b-instruct"))
+    assert config.eos_token_id == (128001, 128008, 128009) and config.eos_token_ids == (128001, 128008, 128009)
+    hash(config)
+    assert config.to_hf_dict()["eos_token_id"] == [128001, 128008, 128009]
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
