@@ -157,6 +157,8 @@ def target_devices(target: Target) -> list:
     # libtpu reads these at start; without them it warns that it cannot find a TPU host here
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", target.name.replace("v5e-", "v5litepod-"))
+    # compile-only: no TPU is opened, so plans may run side by side (else libtpu's lock file refuses a second)
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     desc = topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
                                         chip_config_name=target.chip_config, chips_per_host_bounds=(2, 2, 1),
                                         num_slices=1, wrap=target.wrap)
