@@ -286,6 +286,8 @@ class ProgramReport:
     bound: str = ""  # "compute" | "memory"
     in_step: bool = True  # counted in the step's time (the offline reference cache is not: it runs once)
     compile_s: float = 0.0  # seconds this machine took to lower and compile it
+    state_arg_bytes: int = 0  # of the arguments, the run's persistent state (parameters, optimizer state)
+    resident_bytes: int = 0  # all of the run's persistent state on a chip (set by plan_run)
 
     @property
     def step_flops(self) -> float:
@@ -293,9 +295,16 @@ class ProgramReport:
         return self.analytic_flops + self.decode_steps * self.decode_flops
 
     @property
+    def other_argument_bytes(self) -> int:
+        """Arguments that are not persistent state (the batch, keys)."""
+        return max(self.argument_bytes - self.state_arg_bytes, 0)
+
+    @property
     def total_bytes(self) -> int:
-        """Peak-resident estimate: arguments + outputs not aliased to donated arguments + temporaries."""
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+        """Peak estimate per chip: every persistent array of the run (the trainer holds its parameters,
+        optimizer state, reference copy and critic through every program) + this program's other
+        arguments + its outputs not written into donated buffers + its temporaries."""
+        return self.resident_bytes + self.other_argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
 
 @dataclasses.dataclass
@@ -316,7 +325,8 @@ class PlanReport:
 
     def to_dict(self) -> dict:
         """Everything in the report as JSON-able values (``rljax plan --json``)."""
-        programs = [{**dataclasses.asdict(p), "total_bytes": p.total_bytes, "step_flops": p.step_flops}
+        programs = [{**dataclasses.asdict(p), "total_bytes": p.total_bytes, "step_flops": p.step_flops,
+                     "other_argument_bytes": p.other_argument_bytes}
                     for p in self.programs]
         return {"target": self.target.name, "num_devices": self.target.num_devices, "chip": dataclasses.asdict(
                     self.target.spec), "memory_bytes": self.memory_bytes, "mesh": self.mesh_shape, "model": self.model,
@@ -357,8 +367,15 @@ def _matmul_params(config, *, with_head: bool = True) -> int:
     return c.num_layers * per_layer + (c.hidden_size * c.vocab_size if with_head else 0)
 
 
-def _compile(name: str, what: str, jitted, args: tuple, kwargs: dict, analytic: float) -> ProgramReport:
-    report = ProgramReport(name, what, analytic_flops=analytic)
+def _chip_bytes(tree) -> int:
+    """Bytes of one device's shards of a tree of sharded ``ShapeDtypeStruct`` s (the largest shard
+    where a dimension does not divide evenly)."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _compile(name: str, what: str, jitted, args: tuple, kwargs: dict, analytic: float, *, state=()) -> ProgramReport:
+    """Lower and compile ``jitted(*args, **kwargs)``; ``state``: the arguments that are persistent state."""
+    report = ProgramReport(name, what, analytic_flops=analytic, state_arg_bytes=_chip_bytes(state))
     start = time.perf_counter()
     try:
         compiled = jitted.lower(*args, **kwargs).compile()
@@ -447,6 +464,11 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                                            total_updates)
                 critic = dict(critic_graphdef=cg, critic_params=cp, critic_frozen=cf,
                               critic_opt_state=_opt_state(critic_opt, cp, mesh), critic_optimizer=critic_opt)
+            critic_state = (critic["critic_params"], critic["critic_frozen"], critic["critic_opt_state"]) if critic else ()
+            # what the trainer holds all step: policy, optimizer state, a full fine-tune's reference copy
+            # (rljax.training.run.build_run: keep_reference when the algorithm needs one), the critic
+            resident = _chip_bytes((params, frozen, opt_state, critic_state)) + (
+                _chip_bytes(params) if algo.needs_reference(a) and not lora else 0)
             from rljax.training.online import score_logprobs, score_values, update_epochs
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
@@ -461,12 +483,12 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                                                                                   replicated(mesh))),
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, temperature=cfg.sampling.temperature,
                      num_micro=a.num_micro, num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic),
-                analytic))
+                analytic, state=(params, frozen, opt_state, critic_state)))
             if algo.needs_reference(a):
                 programs.append(_compile(
                     "scoring", f"score_logprobs: reference log-probs of [{R} rows, {P}+{N} tokens]",
                     score_logprobs, (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
-                    analytic_flops(config, P + N, R, passes=1.0)))
+                    analytic_flops(config, P + N, R, passes=1.0), state=(params, frozen)))
             if value_head is not None:
                 separate = value_head == "separate"
                 split = ((critic["critic_graphdef"], critic["critic_params"], critic["critic_frozen"]) if separate
@@ -475,7 +497,8 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     "values", f"score_values: {'the critic' if separate else 'the value head'}'s values of "
                               f"[{R} rows, {P}+{N} tokens]",
                     score_values, (*split, batch), {},
-                    analytic_flops(critic_config if separate else config, P + N, R, passes=1.0, with_head=False)))
+                    analytic_flops(critic_config if separate else config, P + N, R, passes=1.0, with_head=False),
+                    state=split[1:]))
             programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
         else:
             graphdef, params, frozen = _abstract_split(config, cfg, value_head=algo.value_head, lora=lora, mesh=mesh,
@@ -485,6 +508,10 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
             B, P, N = a.batch_size, _prompt_width(cfg), a.max_completion_length
             _check_batch_split(B, mesh, "algorithm.batch_size")
             batch, K = _offline_batch(algo, a, B, P, N, mesh, rules)
+            # a reference copy only for live reference log-probs of a full fine-tune (else cached once)
+            live_reference = algo.needs_reference(a) and not getattr(a, "precompute_ref_logprobs", True)
+            resident = _chip_bytes((params, frozen, opt_state)) + (_chip_bytes(params) if live_reference and not lora
+                                                                   else 0)
             from rljax.training.offline import offline_update, score_batch
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
@@ -493,15 +520,16 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                           f"{P}+{N} tokens]",
                 offline_update, (graphdef, params, frozen, opt_state, batch),
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, num_micro=a.num_micro),
-                analytic_flops(config, P + N, B * K, passes=train_passes)))
+                analytic_flops(config, P + N, B * K, passes=train_passes), state=(params, frozen, opt_state)))
             if algo.needs_reference(a):
                 E = a.eval_batch_size
                 eval_batch, _ = _offline_batch(algo, a, E, P, N, mesh, rules)
                 programs.append(_compile(
                     "scoring", f"score_batch: reference log-probs of [{E} rows × {K} completions, {P}+{N} tokens]",
                     score_batch, (graphdef, params, frozen, eval_batch), dict(algorithm=a.name),
-                    analytic_flops(config, P + N, E * K, passes=1.0)))
+                    analytic_flops(config, P + N, E * K, passes=1.0), state=(params, frozen)))
     for p in programs:
+        p.resident_bytes = resident
         _roofline(p, target.spec, target.num_devices)
         p.in_step = algo.online or p.name == "update"
     report = PlanReport(target, memory, dict(mesh.shape), cfg.model.name, _count(params) + _count(frozen),
@@ -579,7 +607,7 @@ def _sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules) -> Pro
     report = _compile("sampler", f"generate: prefill [{B} rows, {P} tokens] + decode loop to {N} new tokens "
                                  "(XLA's cost: prefill + one decode step)",
                       _generate, (graphdef, (params, frozen), ids, ids, key, sampling), {},
-                      analytic_flops(config, P, B, passes=1.0) + decode)
+                      analytic_flops(config, P, B, passes=1.0) + decode, state=(params, frozen))
     n = mesh.devices.size
     itemsize = jnp.dtype(dtype_of(cfg)).itemsize
     cache = 2 * c.num_layers * B * (P + N) * c.num_kv_heads * c.head_dim * itemsize
@@ -619,8 +647,8 @@ def _advice(report: PlanReport, cfg) -> list[str]:
         if p.oom:
             lines.append(f"{p.name}: the compiler refused it: {p.oom[:300]}")
         elif p.total_bytes > memory:
-            state_over |= p.argument_bytes > memory
-            lines.append(f"{p.name} needs {_gib(p.total_bytes)} per chip (arguments {_gib(p.argument_bytes)}, "
+            state_over |= p.resident_bytes > memory / 2
+            lines.append(f"{p.name} needs {_gib(p.total_bytes)} per chip (state {_gib(p.resident_bytes)}, "
                          f"temporaries {_gib(p.temp_bytes)}) of {_gib(memory)}")
     state = []
     if report.mesh_shape["fsdp"] < report.target.num_devices:
@@ -665,17 +693,18 @@ def format_report(report: PlanReport) -> str:
              f"{report.trainable_params / 1e9:.4f} B",
              f"chip: {_gib(report.memory_bytes)} memory, {spec.peak_flops / 1e12:.4g} TFLOP/s bf16 peak, "
              f"{spec.memory_bandwidth / 1e9:.4g} GB/s (source: {spec.source})", "",
-             "| program | arguments | outputs | temporaries | total / chip | of memory | fits |",
-             "|---|---|---|---|---|---|---|"]
+             "| program | resident state | other arguments | outputs | temporaries | total / chip | of memory | fits |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in report.programs:
         if p.oom:
-            lines.append(f"| {p.name} | - | - | - | over | - | NO (compiler: {p.oom[:160]}) |")
+            lines.append(f"| {p.name} | {_gib(p.resident_bytes)} | - | - | - | over | - | NO (compiler: {p.oom[:160]}) |")
             continue
         frac = p.total_bytes / report.memory_bytes if report.memory_bytes else float("nan")
-        lines.append(f"| {p.name} | {_gib(p.argument_bytes)} | {_gib(p.output_bytes - p.alias_bytes)} | "
-                     f"{_gib(p.temp_bytes)} | {_gib(p.total_bytes)} | {frac:.0%} | "
-                     f"{'yes' if p.total_bytes <= report.memory_bytes else 'NO'} |")
-    lines += ["", "(outputs: those not written into donated argument buffers)", "",
+        lines.append(f"| {p.name} | {_gib(p.resident_bytes)} | {_gib(p.other_argument_bytes)} | "
+                     f"{_gib(p.output_bytes - p.alias_bytes)} | {_gib(p.temp_bytes)} | {_gib(p.total_bytes)} | "
+                     f"{frac:.0%} | {'yes' if p.total_bytes <= report.memory_bytes else 'NO'} |")
+    lines += ["", "(resident state: parameters, optimizer state, reference copy and critic, held through every "
+                  "program; outputs: those not written into donated argument buffers)", "",
               "| program | FLOPs / chip (XLA) | analytic / chip | roofline time | bound | MFU (≤) | collectives |",
               "|---|---|---|---|---|---|---|"]
     step_time = step_flops = 0.0

@@ -90,6 +90,10 @@ def test_plan_cpu_mesh_reports_bytes_per_chip_and_refuses_what_does_not_fit(plan
     # the parameters, AdamW's two moments (sharded like them) and its two int32 step counts.
     assert programs["update"]["argument_bytes"] == 3 * params + 7 * field + 2 * 4
     assert programs["update"]["alias_bytes"] == 3 * params + 2 * 4  # donated: updated in place
+    assert programs["update"]["other_argument_bytes"] == 7 * field  # the batch
+    # held through every program: policy, AdamW state, and (full fine-tuning, KL on) the reference copy
+    for p in programs.values():
+        assert p["resident_bytes"] == 4 * params + 2 * 4
     # scoring: the parameters, prompt ids and mask, completion ids and mask
     assert programs["scoring"]["argument_bytes"] == params + 4 * field
     # the sampler: the parameters, prompt ids and mask (8 rows, bucketed), the sampling key (2 × uint32)
