@@ -35,8 +35,6 @@ import math
 import os
 import re
 import time
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -45,7 +43,7 @@ from rljax.errors import UserError
 
 __all__ = ["TARGETS", "ChipSpec", "Target", "ProgramReport", "PlanReport", "get_target", "target_devices",
            "model_config_for", "analytic_flops", "count_collectives", "plan_run", "format_report",
-           "LIBTPU_MISSING"]
+           "LIBTPU_MISSING", "replication_fallbacks"]
 
 GiB = 1024 ** 3
 
@@ -191,7 +189,6 @@ def _abstract_split(config, cfg, *, value_head: bool, lora: bool, mesh, rules):
     from rljax.models import dtype_from_name
     from rljax.models.lora import lora_trainable
     from rljax.models.transformer import abstract_model
-    from rljax.sharding import param_shardings
 
     m = cfg.model
     dtype = dtype_from_name(m.dtype)
@@ -429,7 +426,7 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
 
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
     from rljax.algorithms import get as get_algorithm
-    from rljax.sharding import batch_sharding, replicated, use_mesh
+    from rljax.sharding import replicated, use_mesh
     from rljax.update import optimizer_for
 
     target = get_target(target_name)
@@ -609,14 +606,14 @@ def _sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules) -> Pro
                       _generate, (graphdef, (params, frozen), ids, ids, key, sampling), {},
                       analytic_flops(config, P, B, passes=1.0) + decode, state=(params, frozen))
     n = mesh.devices.size
-    itemsize = jnp.dtype(dtype_of(cfg)).itemsize
+    itemsize = jnp.dtype(_dtype_of(cfg)).itemsize
     cache = 2 * c.num_layers * B * (P + N) * c.num_kv_heads * c.head_dim * itemsize
     weights = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves((params, frozen)))
     report.decode_steps, report.decode_flops, report.decode_bytes = N - 1, decode, (weights + cache) / n
     return report
 
 
-def dtype_of(cfg):
+def _dtype_of(cfg):
     from rljax.models import dtype_from_name
 
     return dtype_from_name(cfg.model.dtype)
