@@ -164,3 +164,31 @@ def test_llama3_config_with_several_eos_ids_stays_hashable():
     hash(config)
     assert config.to_hf_dict()["eos_token_id"] == [128001, 128008, 128009]
     assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+
+
+def test_count_collectives_counts_async_pairs_once():
+    from rljax.plan import count_collectives
+
+    hlo = """
+  %all-gather-start.1 = (f32[4], f32[16]) all-gather-start(f32[4] %p), dimensions={0}
+  %all-gather-done.1 = f32[16] all-gather-done((f32[4], f32[16]) %all-gather-start.1)
+  %all-reduce.2 = f32[8] all-reduce(f32[8] %x), replica_groups={}, to_apply=%add
+  %collective-permute.3 = f32[8] collective-permute(f32[8] %y), source_target_pairs={{0,1}}
+  %fusion.all-reduce-like = f32[8] fusion(f32[16] %all-gather-done.1), calls=%fused
+"""
+    assert count_collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "collective-permute": 1}
+
+
+def test_analytic_flops_by_hand():
+    from rljax.models.config import ModelConfig
+    from rljax.plan import analytic_flops
+
+    c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=1,
+                    head_dim=16)
+    # per layer: q 64·64 + k, v 2·64·16 + o 64·64 + MLP 3·64·128 = 34816; LM head 64·256
+    matmul = 2 * 34816 + 64 * 256
+    rows, T = 3, 10
+    attention = 4 * 2 * 4 * 16 * T * T * rows  # QKᵀ and AV, 2 FLOPs per multiply-add, per layer and row
+    assert analytic_flops(c, T, rows, passes=1.0) == 2 * matmul * rows * T + attention
+    assert analytic_flops(c, T, rows, passes=3.0) == 3 * (2 * matmul * rows * T + attention)
+    assert analytic_flops(c, T, rows, passes=1.0, with_head=False) == 2 * (matmul - 64 * 256) * rows * T + attention
