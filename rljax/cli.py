@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot | sweep | compare``."""
+"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot | sweep | compare | plan``."""
 
 from __future__ import annotations
 
@@ -482,6 +482,73 @@ def _print_eval(summary: dict) -> None:
         print(f"{key:28s} {'' if b is None else f'{b:8.4f}':>8s} {after[key]:8.4f}")
 
 
+def _add_plan(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="compile a run for an accelerator topology on this machine: memory, FLOPs, collectives, time",
+        description="Ahead-of-time compile the run's update step, scoring pass and sampler for --target from "
+        "shapes alone (the model's config.json; no weights), and print per chip the bytes of arguments, outputs "
+        "and temporaries against the chip's memory, FLOPs (XLA's and analytic), the collectives, and a roofline "
+        "step time and MFU (rljax/plan.py). Exit status 1 when the run does not fit, with what to change. TPU "
+        "targets need the tpu extra (pip install -e '.[tpu]').",
+    )
+    p.add_argument("config", help="YAML file, e.g. configs/accel/grpo_qwen2.5_1.5b_v5e16.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config (e.g. mesh.fsdp=8)")
+    p.add_argument("--target", required=True, metavar="NAME",
+                   help="v5e-4 ... v5e-256, v6e-N, v4-8 ..., v5p-8 ..., cpu (this process's CPU devices) or cpu-N "
+                   "(N simulated CPU devices)")
+    p.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
+                   help="the memory per chip to fit in (default: the target chip's)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON to PATH")
+    p.set_defaults(func=_plan)
+
+
+def _plan(args) -> int:
+    import re
+    import subprocess
+
+    cpu = re.fullmatch(r"cpu-(\d+)", args.target)
+    initialized = "jax" in sys.modules and sys.modules["jax"]._src.xla_bridge.backends_are_initialized()
+    if cpu:
+        flag = f"--xla_force_host_platform_device_count={cpu.group(1)}"
+        if initialized:
+            import jax
+
+            if len(jax.devices("cpu")) != int(cpu.group(1)):
+                # the CPU device count is fixed when JAX starts: plan in a fresh process
+                env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
+                           JAX_PLATFORMS="cpu")
+                argv = [sys.executable, "-m", "rljax.cli", "plan", args.config, *args.overrides, "--target",
+                        args.target] + ([] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)]) \
+                    + ([] if args.json is None else ["--json", args.json])
+                return subprocess.run(argv, env=env).returncode
+        else:
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    elif not initialized:
+        # TPU targets compile through libtpu's topology API; this process itself computes on the CPU
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # libtpu: no TPU host here, no warnings
+    from rljax.config import load_config
+    from rljax.plan import format_report, plan_run
+    from rljax.run_config import RunConfig
+
+    if args.memory_gib is not None and not args.memory_gib > 0:
+        raise SystemExit("rljax plan: --memory-gib must be > 0")
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    start = time.perf_counter()
+    report = plan_run(cfg, args.target,
+                      memory_bytes=None if args.memory_gib is None else int(args.memory_gib * 2 ** 30))
+    print(format_report(report))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=1)
+    print(f"# compiled {len(report.programs)} programs in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0 if report.fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX.",
@@ -499,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_sweep(sub)
     _add_compare(sub)
+    _add_plan(sub)
     return parser
 
 

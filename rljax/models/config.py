@@ -57,10 +57,14 @@ class ModelConfig:
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
     sliding_window: int | None = None  # Mistral; only sequences within the window are supported
     bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # a list given is kept as a tuple
     pad_token_id: int | None = None
 
     def __post_init__(self):
+        if isinstance(self.eos_token_id, list):
+            # Llama 3 lists several; a tuple keeps the config hashable (the model's graph is a static
+            # argument of every jitted step)
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.model_type in ("llama", "qwen3") and self.qkv_bias != self.o_bias:
             raise UnsupportedConfigError(f"{self.model_type} has one attention_bias flag for q/k/v and o")
         if self.model_type == "qwen2" and (not self.qkv_bias or self.o_bias):
@@ -180,7 +184,7 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
             "dtype": "float32",
         }
