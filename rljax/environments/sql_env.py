@@ -35,9 +35,8 @@ from rljax.environments.tools import Tool, ToolEnvironment, ToolError
 
 __all__ = ["SqlEnv"]
 
-INSTRUCTIONS = "You answer questions about a SQLite database. Give your final answer as one query in a ```sql code block."
-EXPLORE = ("You may first run read-only queries with the run_sql tool to look at the data; "
-           "then reply with the final query in a ```sql code block and no tool call.")
+INSTRUCTIONS = "Answer the question about the SQLite database with one query in a ```sql code block."
+EXPLORE = "You may first look at the data with the run_sql tool; the final reply has no tool call."
 _CELL = 80  # characters of one value shown by the tool
 
 
@@ -53,8 +52,7 @@ class SqlEnv(ToolEnvironment):
             raise ValueError(f"environment 'sql': unknown question(s) {unknown or names}; known: {list(QUESTION_NAMES)}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"environment 'sql': timeout_s must be a positive number, got {timeout_s!r}")
-        tools = [Tool(self._run_sql, name="run_sql", description="Run one read-only SQLite query on the database "
-                      "and return its columns and rows.")] if explore else []
+        tools = [Tool(self._run_sql, name="run_sql")] if explore else []
         super().__init__(tools, native_tools=native_tools)
         self.questions, self.split_seed, self.eval_fraction = names, split_seed, eval_fraction
         self.explore, self.timeout_s, self.max_rows_shown = explore, float(timeout_s), max_rows_shown
@@ -85,7 +83,7 @@ class SqlEnv(ToolEnvironment):
         return messages, info
 
     def _run_sql(self, query: str) -> str:
-        """Run one read-only SQLite query on the database.
+        """Run a read-only SQLite query; returns its columns and rows.
 
         query: one SELECT statement.
         """
