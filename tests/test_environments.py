@@ -131,7 +131,7 @@ def test_a_demonstration_is_a_successful_episode_of_the_environment():
 
 def test_environments_build_by_name_or_python_path():
     assert isinstance(build_environment("rljax.environments.toy:ToyEnv", {"turns": 3}), ToyEnv)
-    with pytest.raises(ValueError, match="unknown environment 'nope'; registered: calculator, toy"):
+    with pytest.raises(ValueError, match="unknown environment 'nope'; registered: calculator, code, sql, toy"):
         build_environment("nope")
     with pytest.raises(ValueError, match="bad options"):
         build_environment("calculator", {"digits": 4})

@@ -14,14 +14,17 @@ limit; the rollout adds the turn and token budgets (``rljax.environments.episode
 What the rollout reads from ``info`` (all optional): from ``reset``, ``"tools"`` (JSON schemas the
 chat template renders with ``apply_chat_template(..., tools=...)``); from ``step``,
 ``"tool_calls"`` (the names of the tools called), ``"tool_errors"`` and ``"parse_failures"``
-(counts) and ``"success"`` (bool, read when the episode ends). An exception from ``reset`` or
+(counts), ``"success"`` (bool, read when the episode ends) and ``"metrics"`` (``{name: number}``,
+the episode's own figures so far, e.g. tests passed; logged as ``env/<name>``, averaged over episodes). An exception from ``reset`` or
 ``step`` ends that episode as failed (counted, left out of the loss); the other episodes go on.
 
 One environment object runs one episode at a time; the rollout builds one per episode of a batch
 and calls them from a thread pool, so slow tools overlap.
 
 Registry: ``register_environment(name, factory)``; built-ins ``calculator``
-(``rljax.environments.calculator``) and ``toy`` (``rljax.environments.toy``, for tests); a
+(``rljax.environments.calculator``), ``code`` (``rljax.environments.code_env``: unit tests, retries),
+``sql`` (``rljax.environments.sql_env``: a database, a ``run_sql`` tool) and ``toy``
+(``rljax.environments.toy``, for tests); a
 ``"module:Class"`` path works anywhere a name does.
 """
 
@@ -54,6 +57,8 @@ class Environment:
 
 _BUILTIN = {
     "calculator": "rljax.environments.calculator:CalculatorEnv",
+    "code": "rljax.environments.code_env:CodeEnv",
+    "sql": "rljax.environments.sql_env:SqlEnv",
     "toy": "rljax.environments.toy:ToyEnv",
 }
 _REGISTRY: dict[str, Callable[..., Environment]] = {}

@@ -78,6 +78,7 @@ class Episode:
     parse_failures: int = 0
     env_time_s: float = 0.0
     tools: list | None = None  # schemas the chat template renders (reset's info["tools"])
+    env_metrics: dict = dataclasses.field(default_factory=dict)  # the latest step's info["metrics"]
 
     @property
     def total_return(self) -> float:
@@ -166,6 +167,7 @@ def _step(env: Environment, episode: Episode, content: str) -> list[dict] | None
         episode.tool_calls.update(info.get("tool_calls", ()))
         episode.tool_errors += int(info.get("tool_errors", 0))
         episode.parse_failures += int(info.get("parse_failures", 0))
+        episode.env_metrics.update({str(k): float(v) for k, v in (info.get("metrics") or {}).items()})
         if terminated or truncated:
             episode.status = "terminated" if terminated else "truncated"
             episode.truncation = "" if terminated else "env"
@@ -262,7 +264,8 @@ def episode_metrics(episodes: Sequence[Episode], *, prefix: str = "env/") -> dic
     and ``tool_calls/<tool>`` (per episode), ``tool_errors``, ``parse_failures`` (per episode),
     ``truncated`` (fraction; ``truncated/turns``, ``/tokens``, ``/env`` by cause), ``failed`` (count of
     episodes whose environment raised), ``tokens_generated`` (per episode), ``time_s`` (environment
-    time summed over episodes; threads overlap it)."""
+    time summed over episodes; threads overlap it); and each ``<name>`` of the environments'
+    ``info["metrics"]`` (its latest value per episode, averaged over the episodes that report it)."""
     n = max(len(episodes), 1)
     m = {
         "success_rate": sum(e.success for e in episodes) / n,
@@ -280,6 +283,9 @@ def episode_metrics(episodes: Sequence[Episode], *, prefix: str = "env/") -> dic
         m[f"truncated/{cause}"] = sum(e.truncation == cause for e in episodes) / n
     for name in sorted({t for e in episodes for t in e.tool_calls}):
         m[f"tool_calls/{name}"] = sum(e.tool_calls[name] for e in episodes) / n
+    for name in sorted({k for e in episodes for k in e.env_metrics} - set(m)):
+        values = [e.env_metrics[name] for e in episodes if name in e.env_metrics]
+        m[name] = sum(values) / len(values)  # over the episodes that report it
     return {prefix + k: float(v) for k, v in m.items()}
 
 

@@ -143,6 +143,19 @@ QUESTION_NAMES = tuple(q[0] for q in _QUESTIONS)
 _DATABASES = {"employees": _employees_db, "orders": _orders_db}
 
 
+def make_sql_problem(name: str, db_seed: int, *, instruction: str | None = DEFAULT_INSTRUCTION) -> dict[str, Any]:
+    """The example of question `name` (from `QUESTION_NAMES`) on the database drawn from `db_seed`
+    (see the module docstring for its keys); its `key` is what the train / eval split hashes."""
+    _, database, draw = _QUESTIONS[QUESTION_NAMES.index(name)]
+    setup, facts = _DATABASES[database](np.random.default_rng(db_seed))
+    question, gold, ordered = draw(np.random.default_rng(_seed(db_seed, name)), facts)
+    schema = [s for s in setup if s.startswith("CREATE")]
+    prompt = ("SQLite database:\n" + ";\n".join(schema) + ";\n\nQuestion: " + question
+              + (f"\n{instruction}" if instruction else ""))
+    return {"prompt": prompt, "answer": gold, "task": "sql", "key": f"{name}|{question}|db={db_seed}",
+            "question": question, "schema": schema, "setup": setup, "ordered": ordered, "template": name}
+
+
 def _sql_task(*, split: str, size: int, seed: int, eval_fraction: float, questions: Sequence[str] | None = None,
               instruction: str | None = DEFAULT_INSTRUCTION, max_draws: int | None = None) -> list[dict[str, Any]]:
     """Data task "sql" (`rljax.data.tasks.register_task`): `size` distinct questions of `split`, each
@@ -158,19 +171,13 @@ def _sql_task(*, split: str, size: int, seed: int, eval_fraction: float, questio
     for _ in range(limit):
         if len(examples) == size:
             break
-        name, database, draw = chosen[int(rng.integers(0, len(chosen)))]
-        db_seed = int(rng.integers(0, 2**31 - 1))
-        setup, facts = _DATABASES[database](np.random.default_rng(db_seed))
-        question, gold, ordered = draw(np.random.default_rng(_seed(db_seed, name)), facts)
-        key = f"{name}|{question}|db={db_seed}"
+        name = chosen[int(rng.integers(0, len(chosen)))][0]
+        example = make_sql_problem(name, int(rng.integers(0, 2**31 - 1)), instruction=instruction)
+        key = example["key"]
         if key in seen or question_split(key, task="sql", seed=seed, eval_fraction=eval_fraction) != split:
             continue
         seen.add(key)
-        schema = [s for s in setup if s.startswith("CREATE")]
-        prompt = ("SQLite database:\n" + ";\n".join(schema) + ";\n\nQuestion: " + question
-                  + (f"\n{instruction}" if instruction else ""))
-        examples.append({"prompt": prompt, "answer": gold, "task": "sql", "key": key, "question": question,
-                         "schema": schema, "setup": setup, "ordered": ordered, "template": name})
+        examples.append(example)
     if len(examples) < size:
         raise ValueError(f"task 'sql': found only {len(examples)} distinct {split} questions in {limit} draws")
     return examples
@@ -367,4 +374,4 @@ register_reward("sql_result", make_sql_result_reward, overwrite=True)
 register_reward("sql_executes", make_sql_executes_reward, overwrite=True)
 
 __all__ = ["QUESTION_NAMES", "SqlCheck", "SqlResult", "check_sql", "extract_sql", "make_sql_executes_reward",
-           "make_sql_result_reward", "open_database", "run_sql"]
+           "make_sql_problem", "make_sql_result_reward", "open_database", "run_sql"]
