@@ -85,12 +85,14 @@ def test_plan_cpu_mesh_reports_bytes_per_chip_and_refuses_what_does_not_fit(plan
     # one device's share of a [2 rows (8 over data × fsdp = 4), 16 tokens] int32 / float32 array
     field = 2 * 16 * 4
     # XLA drops the arguments a program never reads (jit's keep_unused=False). The update reads prompt
-    # ids and mask, completion ids, loss mask, old and reference log-probs, advantages ([R, N] each;
-    # not completion_mask, scores, row_mask, finished, nor the permutation key with one mini-batch),
-    # the parameters, AdamW's two moments (sharded like them) and its two int32 step counts.
-    assert programs["update"]["argument_bytes"] == 3 * params + 7 * field + 2 * 4
+    # ids and mask, completion ids and mask (the forward attends to every completion token; the loss
+    # mask leaves out a multi-turn trajectory's environment tokens), loss mask, old and reference
+    # log-probs, advantages ([R, N] each; not scores, row_mask, finished, nor the permutation key
+    # with one mini-batch), the parameters, AdamW's two moments (sharded like them) and its two int32
+    # step counts.
+    assert programs["update"]["argument_bytes"] == 3 * params + 8 * field + 2 * 4
     assert programs["update"]["alias_bytes"] == 3 * params + 2 * 4  # donated: updated in place
-    assert programs["update"]["other_argument_bytes"] == 7 * field  # the batch
+    assert programs["update"]["other_argument_bytes"] == 8 * field  # the batch
     # held through every program: policy, AdamW state, and (full fine-tuning, KL on) the reference copy
     for p in programs.values():
         assert p["resident_bytes"] == 4 * params + 2 * 4
