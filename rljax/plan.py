@@ -196,7 +196,7 @@ def _abstract_split(config, cfg, *, value_head: bool, lora: bool, mesh, rules):
     if lora:
         kwargs.update(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=tuple(m.lora_targets))
     model = abstract_model(config, **kwargs)
-    model.logits_chunk, model.remat = m.logits_chunk, m.remat
+    model.logits_chunk, model.remat, model.attention_chunk = m.logits_chunk, m.remat, m.attention_chunk
     graphdef, params, frozen = nnx.split(model, lora_trainable() if lora else nnx.Param, ...)
     return graphdef, _with_shardings(params, mesh, rules), _with_shardings(frozen, mesh, rules)
 
@@ -662,6 +662,8 @@ def _advice(report: PlanReport, cfg) -> list[str]:
                            "backward)")
     if cfg.model.logits_chunk is None:
         activations.append("model.logits_chunk=256 (never hold [B, T, V] logits at once)")
+    if cfg.model.attention_chunk is None:
+        activations.append("model.attention_chunk=256 (never hold [B, H, T, T] attention scores at once)")
     activations.append("fewer sequences per micro-batch: algorithm.micro_batch_size (the same gradient)")
     activations.append("shorter sequences: sampling.max_new_tokens / data.max_prompt_length")
     ordered = state + activations if state_over else activations + state

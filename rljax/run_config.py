@@ -48,6 +48,10 @@ class ModelSection:
     # scan_layers: true 168 MB -> 33 MB (block) / 53 MB (dots); unrolled, XLA schedules the
     # recomputation early and keeps ~95% (156 -> 148 MB): use it with scan_layers: true
     remat: Literal["none", "block", "dots"] = "none"
+    # training and scoring passes attend this many query positions at a time (the same numbers;
+    # memory O(chunk * T) instead of O(T^2) per layer: rljax/models/transformer.py
+    # _chunked_causal_attention); null = all at once. Useful for long sequences (~1000+ tokens)
+    attention_chunk: Optional[int] = None
     # A fresh value / reward head (reward_model, PPO's shared head and its critic; a head read from
     # the checkpoint's value_head.safetensors is kept): "normal" draws w ~ normal(0, value_head_std)
     # from the seed, bias 0, as transformers' score head (std 0.02 = initializer_range), TRL, verl
@@ -66,6 +70,7 @@ class ModelSection:
     def validate(self) -> None:
         check_range(self, "lora_rank", low=1, note="(null = full fine-tuning)")
         check_range(self, "logits_chunk", low=1, note="(null = all positions at once)")
+        check_range(self, "attention_chunk", low=1, note="(null = all query positions at once)")
         check_range(self, "value_head_std", low=0, low_open=True, note="(value_head_init: zeros for a zero head)")
         check_range(self, "lora_alpha", low=0, low_open=True)
 

@@ -228,12 +228,15 @@ def subprocess_runner(argv: list[str], log_path: str) -> int:
         proc = subprocess.Popen([sys.executable, "-m", "rljax.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
                                 env=env)
 
-        def forward(signum, frame):  # SIGTERM to the sweep (a scheduler): the run saves and stops too
-            stopped.append(signum)
+        def forward(signum, frame):  # SIGTERM (a scheduler) or SIGHUP (a closed terminal) to the sweep:
+            stopped.append(signum)   # the run saves and stops too
             proc.send_signal(signum)
 
-        previous = signal.signal(signal.SIGTERM, forward) if threading.current_thread() is threading.main_thread() \
-            else None
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(s) is not signal.SIG_IGN:  # nohup: SIGHUP stays ignored
+                    previous[s] = signal.signal(s, forward)
         try:
             while True:
                 try:
@@ -242,8 +245,8 @@ def subprocess_runner(argv: list[str], log_path: str) -> int:
                 except KeyboardInterrupt:  # Ctrl-C reached the child too: it saves and exits with 130
                     stopped.append(signal.SIGINT)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)
     # a stop asked of the sweep stops the sweep, however the run ended (a second Ctrl-C ends it unsaved)
     return 128 + int(stopped[0]) if stopped and code != 0 else code
 
@@ -254,7 +257,7 @@ Runner = Callable[[list[str], str], int]
 def run_sweep(plan: SweepPlan, *, overwrite: bool = False, runner: Runner | None = None,
               echo: Callable[[str], None] = print) -> list[dict]:
     """Run the plan's runs that are not finished; returns the manifest's run records (also written to
-    ``OUT/sweep.json`` after each run). A run ending with ``128 + SIGINT/SIGTERM`` stops the sweep
+    ``OUT/sweep.json`` after each run). A run ending with ``128 + SIGINT/SIGTERM/SIGHUP`` stops the sweep
     (status ``interrupted``); any other non-zero exit is recorded as ``failed`` and the sweep goes on.
     ``runner(argv, log_path) -> exit status`` runs one ``rljax train`` (default :func:`subprocess_runner`)."""
     runner = runner or subprocess_runner
@@ -305,7 +308,7 @@ def run_sweep(plan: SweepPlan, *, overwrite: bool = False, runner: Runner | None
         if code == 0 and now == "finished":
             record.update(status="finished", returncode=0, seconds=seconds)
             echo(f"{label}: finished in {seconds:.0f} s")
-        elif code in (130, 143):  # 128 + SIGINT / SIGTERM: the run saved a checkpoint and stopped
+        elif code in (129, 130, 143):  # 128 + SIGHUP / SIGINT / SIGTERM: the run saved a checkpoint and stopped
             record.update(status="interrupted", returncode=code, seconds=seconds)
             write()
             echo(f"{label}: interrupted (exit {code}); run the same command again to continue")

@@ -78,7 +78,7 @@ def _assert_same_leaves(a, b):
 def outer_handlers():
     """Handlers of this process's own for SIGTERM and SIGINT while a test runs (a signal that fit
     failed to catch lands here instead of ending the test session); fit must put them back."""
-    caught, previous = [], {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    caught, previous = [], {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
     def outer(signum, frame):
         caught.append(signum)
@@ -118,6 +118,29 @@ def test_one_sigint_stops_with_a_checkpoint(tiny_dir, tmp_path, outer_handlers):
         trainer.fit()
     assert (stop.value.signum, stop.value.step, _committed_steps(tmp_path)) == (signal.SIGINT, 1, [1])
     assert caught == [] and signal.getsignal(signal.SIGINT) is outer
+
+
+def test_sighup_of_a_closed_terminal_stops_with_a_checkpoint(tiny_dir, tmp_path, outer_handlers):
+    outer, caught = outer_handlers
+    trainer = OnlineTrainer(_cfg(tiny_dir, tmp_path, steps=6))
+    trainer.on_step = lambda logger: trainer.step == 1 and os.kill(os.getpid(), signal.SIGHUP)
+    with pytest.raises(Preempted, match="received SIGHUP at step 1") as stop:
+        trainer.fit()
+    assert (stop.value.signum, stop.value.step, _committed_steps(tmp_path)) == (signal.SIGHUP, 1, [1])
+    assert caught == [] and signal.getsignal(signal.SIGHUP) is outer
+
+
+def test_an_ignored_sighup_stays_ignored(tiny_dir, tmp_path):
+    """Under ``nohup`` SIGHUP is ignored: fit installs no handler for it and leaves it ignored."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        trainer = OnlineTrainer(_cfg(tiny_dir, tmp_path, steps=2))
+        seen = []
+        trainer.on_step = lambda logger: seen.append(signal.getsignal(signal.SIGHUP))
+        trainer.fit()
+        assert seen == [signal.SIG_IGN, signal.SIG_IGN] and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_a_second_sigint_stops_at_once_with_keyboard_interrupt(tiny_dir, tmp_path, outer_handlers):

@@ -35,6 +35,8 @@ anything, rljax/run_config.py; ``--unrolled`` adds the default unrolled baseline
   remat       remat block
   chunk+remat logits_chunk 128, remat block
   bf16+master logits_chunk 128, remat block, bfloat16 weights and compute, float32 master and AdamW
+  chunk+remat+attn  logits_chunk 128, remat block, attention_chunk 256 (query-chunked attention:
+              rljax/models/transformer.py _chunked_causal_attention)
 
 Time: one update (after a warm-up call that compiles) on random weights of the same shapes, at the
 lengths ``--time-lengths`` (default 64 and 256; ``--quick``: 64 only), for the variants
@@ -83,6 +85,7 @@ PROMPTS, GROUP = 4, 4
 ROWS = PROMPTS * GROUP
 PROMPT_LENGTH = 64
 CHUNK = 128
+ATTENTION_CHUNK = 256
 ALGORITHM = GRPOConfig(group_size=GROUP, prompts_per_step=PROMPTS, kl_coef=0.04)
 OPTIM = OptimSection(learning_rate=1e-6, grad_clip=1.0)
 
@@ -94,6 +97,7 @@ class Variant:
     remat: str = "none"
     bf16_master: bool = False
     scan_layers: bool = True
+    attention_chunk: int | None = None
 
 
 VARIANTS = {v.name: v for v in (
@@ -102,6 +106,7 @@ VARIANTS = {v.name: v for v in (
     Variant("remat", remat="block"),
     Variant("chunk+remat", logits_chunk=CHUNK, remat="block"),
     Variant("bf16+master", logits_chunk=CHUNK, remat="block", bf16_master=True),
+    Variant("chunk+remat+attn", logits_chunk=CHUNK, remat="block", attention_chunk=ATTENTION_CHUNK),
 )}
 UNROLLED = Variant("full (unrolled)", scan_layers=False)
 
@@ -117,6 +122,7 @@ def _model(config: ModelConfig, v: Variant, *, abstract: bool):
     make = abstract_model if abstract else (lambda c, **kw: init_model(c, seed=0, **kw))
     model = make(config, param_dtype=dtype, dtype=dtype)
     model.scan_layers, model.logits_chunk, model.remat = v.scan_layers, v.logits_chunk, v.remat
+    model.attention_chunk = v.attention_chunk
     return model
 
 

@@ -192,6 +192,9 @@ class Transformer(nnx.Module):
         self.logits_chunk: int | None = None
         # static: rematerialisation of the blocks in passes without a cache (REMAT_POLICIES)
         self.remat: str = "none"
+        # static: in passes without a cache, attention over this many queries at a time
+        # (_chunked_causal_attention); None = every query at once
+        self.attention_chunk: int | None = None
         c = config
         L, D, H, KVH, hd, F, V = (
             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
@@ -400,6 +403,8 @@ class Transformer(nnx.Module):
             all_k, all_v = cache_keys[layer], cache_values[layer]  # [B, S, KVH, hd]
         if layer is None and cache_keys is not None and q.shape[1] == 1:
             attn = _attention_one_query(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)
+        elif cache_keys is None and self.attention_chunk and q.shape[1] > self.attention_chunk:
+            attn = _chunked_causal_attention(q, k, v, key_mask, self.attention_chunk)
         else:
             attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
         out = self._proj(attn, lp, "wo")
@@ -444,6 +449,32 @@ def _attention(q, k, v, key_mask, query_slots):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
     return out.reshape(B, T, H, hd)
+
+
+def _chunked_causal_attention(q, k, v, key_mask, chunk: int):
+    """:func:`_attention` of a pass without a cache (query ``t`` sees keys ``0..t``), ``chunk``
+    queries at a time: the same numbers in ``O(chunk * T)`` memory instead of ``O(T^2)``.
+
+    q [B, T, H, hd]; k, v [B, T, KVH, hd]; key_mask [B, T]. Queries ``a..b-1`` attend over keys
+    ``0..b-1`` only: the keys after a chunk are masked for every query in it, so slicing them off
+    changes no number and halves the work of a causal pass. Each chunk is a ``jax.checkpoint``: a
+    backward pass keeps its inputs and recomputes its ``[B, H, chunk, b]`` scores, so no chunk's
+    scores outlive it (without it the gradient would save every chunk's softmax, ``O(T^2)`` again).
+
+    Why: the dense scores are ``B * H * T^2`` float32, the largest activation of a long pass once
+    the logits are chunked (``model.logits_chunk``): 16 rows x 9 heads x 2112^2 x 4 bytes = 2.6 GB
+    per layer for SmolLM2 at 2048 completion tokens (experiments/results/memory_scaling.md). This is
+    the query-chunked form of memory-efficient attention (Rabe & Staats 2021, arXiv:2112.05682),
+    without their key chunking: a chunk holds a full row of keys.
+    """
+    B, T, H, hd = q.shape
+    n = -(-T // chunk)
+    pad = n * chunk - T  # a short last chunk: padded queries, dropped below
+    qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, n, chunk, H, hd).swapaxes(0, 1)
+    slots = jnp.broadcast_to(jnp.arange(n * chunk, dtype=jnp.int32).reshape(n, 1, chunk), (n, B, chunk))
+    block = jax.checkpoint(lambda qc, sc: _attention(qc, k, v, key_mask, sc))
+    out = jax.lax.map(lambda xs: block(*xs), (qs, slots))  # [n, B, chunk, H, hd], one chunk after another
+    return out.swapaxes(0, 1).reshape(B, n * chunk, H, hd)[:, :T]
 
 
 def _attention_one_query(q, k, v, key_mask, query_slots):

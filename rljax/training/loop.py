@@ -17,8 +17,8 @@ Order: evaluation of the initial policy (not on resume) -> ``total_steps`` steps
 A non-finite loss stops the run: the state before the refused update is saved with the data
 position before the failed step (``--resume`` repeats that step, as a clean run would), a line is
 logged, and ``NonFiniteLossError`` propagates; when earlier updates of that step were applied
-(several updates a step), that state is not saved and the line names the last clean checkpoint. SIGTERM or SIGINT (a preemption, Ctrl-C) stops the
-run at the next step boundary: the state is checkpointed (and committed), a line is logged and
+(several updates a step), that state is not saved and the line names the last clean checkpoint. SIGTERM, SIGINT or SIGHUP
+(a preemption, Ctrl-C, a closed terminal or SSH session) stops the run at the next step boundary: the state is checkpointed (and committed), a line is logged and
 ``Preempted`` is raised (``rljax train`` exits with ``128 + signal``); a second SIGINT raises
 ``KeyboardInterrupt`` at once. Saving never changes the state, so where saves happen does not
 change the run. The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never
@@ -44,9 +44,9 @@ from rljax.update import NonFiniteLossError
 
 
 class Preempted(Exception):
-    """``fit`` stopped on a signal (SIGTERM, SIGINT) at a step boundary; the state at ``step`` is saved.
+    """``fit`` stopped on a signal (SIGTERM, SIGINT, SIGHUP) at a step boundary; the state at ``step`` is saved.
 
-    ``signum`` is the signal's number (``rljax train`` exits with ``128 + signum``: 143, 130).
+    ``signum`` is the signal's number (``rljax train`` exits with ``128 + signum``: 143, 130, 129).
     """
 
     def __init__(self, signum: int, step: int):
@@ -65,12 +65,18 @@ def save(trainer, *, force: bool = False, data: dict | None = None) -> bool:
                                                          "config": config_dict(run.cfg)}, force=force)
 
 
-class _StopSignals:
-    """While installed, SIGTERM and SIGINT only append their number to ``received``; a second SIGINT
-    raises ``KeyboardInterrupt`` (the user insists). ``restore`` puts the previous handlers back.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals that stop ``fit`` at the next step boundary with a checkpoint (``Preempted``)."""
 
-    Only the main thread may set handlers, so elsewhere nothing is installed. A signal the process
-    ignores (SIGINT of a shell script's background job) stays ignored.
+
+class _StopSignals:
+    """While installed, SIGTERM, SIGINT and SIGHUP only append their number to ``received``; a second
+    SIGINT raises ``KeyboardInterrupt`` (the user insists). ``restore`` puts the previous handlers back.
+
+    SIGHUP is a terminal or SSH session closing under a run started in it: by default it would end
+    the process between checkpoints, losing the steps since the last save. Only the main thread may
+    set handlers, so elsewhere nothing is installed. A signal the process ignores (SIGINT of a shell
+    script's background job, SIGHUP under ``nohup``) stays ignored.
     """
 
     def __init__(self):
@@ -80,7 +86,7 @@ class _StopSignals:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in STOP_SIGNALS:
             handler = signal.getsignal(s)
             if handler is not signal.SIG_IGN:
                 self._previous[s] = handler

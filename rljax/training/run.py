@@ -265,6 +265,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
         model = shard_model(model, mesh, rules)  # the fresh adapters; the loaded weights are already placed
     # static execution settings (rljax.logprobs, Transformer.forward), set before the split
     model.logits_chunk, model.remat = cfg.model.logits_chunk, cfg.model.remat
+    model.attention_chunk = cfg.model.attention_chunk
     policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param,
                           mesh=mesh)
     ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
@@ -278,7 +279,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
                              "the critic reads the policy's tokens, so they must match")
         optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
             cfg.optim, learning_rate=critic_learning_rate)
-        critic_model.remat = cfg.model.remat
+        critic_model.remat, critic_model.attention_chunk = cfg.model.remat, cfg.model.attention_chunk
         critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param,
                                     mesh=mesh)
     # read-only (rljax eval --checkpoint): it must not delete the temporary directory of a save that

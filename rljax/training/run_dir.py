@@ -63,6 +63,7 @@ RESUMABLE_KEYS = (
     "mesh.*",  # the devices: a run saved on one mesh resumes on another (checkpoints are sharded)
     "model.logits_chunk",  # how the same numbers are computed (memory, not maths)
     "model.remat",
+    "model.attention_chunk",
 )
 """Dotted config keys (``fnmatch`` patterns) a resume may change: they do not change what is trained."""
 
