@@ -1,24 +1,29 @@
 """Demonstrations for the calculator agent task: multi-turn transcripts for an SFT warm start.
 
-The task: multiply a 3-digit by a 2-digit number with a calculator tool. Each demonstration is
+The task (``rljax.environments.calculator``): multiply a 3-digit by a 2-digit number with a
+calculator tool. Each demonstration is a successful episode of the environment itself
+(``rljax.environments.calculator.demonstration``), so the SFT stage trains on exactly the messages
+the RL stage shows the model:
 
-    system     CALCULATOR_SYSTEM_PROMPT (the tool's schema and the reply formats)
-    user       What is 123 * 45?
-    assistant  <tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>
-    tool       5535
-    assistant  <answer>5535</answer>
+    system     the environment's instructions and tool schemas (``<tools>...</tools>``, the call format)
+    user       What is 313*90?
+    assistant  <tool_call>{"name": "calculator", "arguments": {"expression": "313*90"}}</tool_call>
+    tool       28170
+    assistant  <answer>28170</answer>
 
     python experiments/make_calculator_sft.py                         # 400 train + 64 held-out
     python experiments/make_calculator_sft.py --n 1000 --out runs/data/calc
     rljax train configs/sft_calculator_smollm2.yaml
 
-Writes ``<out>/train.jsonl`` and ``<out>/eval.jsonl``, one ``{"messages": [...], "a": .., "b": ..,
-"answer": ..}`` per line (``rljax.data.transcripts.load_transcripts`` reads the ``messages`` column).
+Writes ``<out>/train.jsonl`` and ``<out>/eval.jsonl``, one ``{"messages": [...], "question": "313*90",
+"answer": "28170"}`` per line (``rljax.data.transcripts.load_transcripts`` reads the ``messages`` column).
 
-Problems by seed: problem ``i`` of the train split is drawn from seed ``TRAIN_SEEDS[0] + i``, of the
-held-out split from ``EVAL_SEEDS[0] + i``; an RL evaluation should draw from seeds below
-``TRAIN_SEEDS[0]``. A held-out problem whose ``(a, b)`` also occurs in the train split is skipped,
-so the splits never share a problem.
+Problems: train row ``i`` is episode ``TRAIN_SEEDS[0] + i`` of the environment's train split,
+held-out row ``i`` episode ``EVAL_SEEDS[0] + i`` of its eval split. The environment splits by the
+question, so no held-out question is ever a train question, for this SFT stage and for the RL
+stage's training episodes alike (a first version wrote its own system prompt and "What is 123 *
+45?": the SFT model then reached 0.0007 held-out NLL on its own transcripts and solved 0 of 64
+episodes of the environment, whose prompt it had never seen).
 """
 
 from __future__ import annotations
@@ -26,59 +31,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rljax.environments.calculator import CalculatorEnv, demonstration  # noqa: E402
 
 TRAIN_SEEDS = range(100_000, 200_000)
 EVAL_SEEDS = range(200_000, 300_000)
 
-TOOL_SCHEMA = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression (integers, + - * / and parentheses) and return the result.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-}
 
-# The agent environment's system text must be this (the agent helper's environment imports the final one).
-CALCULATOR_SYSTEM_PROMPT = (
-    "You are a careful assistant with one tool:\n"
-    f"{json.dumps(TOOL_SCHEMA)}\n"
-    "To call it, reply with only <tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"...\"}}"
-    "</tool_call> and wait for the result. When you know the answer, reply with only <answer>NUMBER</answer>."
-)
-
-
-def problem(seed: int) -> tuple[int, int]:
-    """``(a, b)``: a 3-digit and a 2-digit number drawn from ``seed``."""
-    rng = np.random.default_rng(seed)
-    return int(rng.integers(100, 1000)), int(rng.integers(10, 100))
-
-
-def transcript(a: int, b: int) -> list[dict[str, str]]:
-    """The demonstration of ``a * b``: ask, call the calculator, read its result, answer."""
-    call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}*{b}"}})
-    return [
-        {"role": "system", "content": CALCULATOR_SYSTEM_PROMPT},
-        {"role": "user", "content": f"What is {a} * {b}?"},
-        {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-        {"role": "tool", "content": str(a * b)},
-        {"role": "assistant", "content": f"<answer>{a * b}</answer>"},
-    ]
+def transcript(seed: int, split: str = "train", env: CalculatorEnv | None = None) -> list[dict[str, str]]:
+    """The demonstration of episode ``seed`` of the environment's ``split``: its opening, the
+    calculator call, the tool's result, the answer."""
+    return demonstration(env or CalculatorEnv(), seed, split)
 
 
 def make_splits(n: int, eval_n: int) -> tuple[list[dict], list[dict]]:
-    """``n`` train and ``eval_n`` held-out rows (no ``(a, b)`` in both)."""
-    train = [problem(TRAIN_SEEDS[i]) for i in range(n)]
-    seen, held_out, i = set(train), [], 0
-    while len(held_out) < eval_n:
-        ab = problem(EVAL_SEEDS[i])
-        i += 1
-        if ab not in seen:
-            seen.add(ab)
-            held_out.append(ab)
-    def rows(pairs):
-        return [{"messages": transcript(a, b), "a": a, "b": b, "answer": str(a * b)} for a, b in pairs]
+    """``n`` train and ``eval_n`` held-out rows (the environment's splits: no question in both)."""
+    env = CalculatorEnv()
 
-    return rows(train), rows(held_out)
+    def rows(seeds, split):
+        out = []
+        for seed in seeds:
+            messages = transcript(seed, split, env)
+            out.append({"messages": messages, "question": messages[1]["content"][len("What is "):-1],
+                        "answer": messages[3]["content"]})
+        return out
+
+    return rows(TRAIN_SEEDS[:n], "train"), rows(EVAL_SEEDS[:eval_n], "eval")
 
 
 def main(argv=None) -> None:

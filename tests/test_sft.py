@@ -57,11 +57,12 @@ def test_assistant_tokens_on_smollm2s_template():
     from rljax.models.registry import resolve
 
     tok = tokenizer_from_gguf_metadata(read_gguf_metadata(resolve("smollm2-135m-instruct").path)[0])
-    messages = make_calculator_sft.transcript(123, 45)
+    messages = make_calculator_sft.transcript(7)
+    question, answer = messages[1]["content"][len("What is "):-1], messages[3]["content"]
     ids, mask = transcript_tokens(tok, messages)
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == (
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call><|im_end|>'
-        "<answer>5535</answer><|im_end|>")
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{question}"}}}}</tool_call><|im_end|>'
+        f"<answer>{answer}</answer><|im_end|>")
     # the pieces tokenised one by one give the whole rendering's tokens (no BPE merge crosses a boundary here)
     whole = tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
     assert whole[:len(ids)] == ids
@@ -214,14 +215,20 @@ train: {{steps: 8, run_dir: {tmp_path}/run, progress: false, save_model: false}}
     np.testing.assert_allclose(after["eval/perplexity"], np.exp(after["eval/nll"]), rtol=1e-5)
 
 
-def test_calculator_demonstrations_format_and_held_out_split(tmp_path):
-    assert make_calculator_sft.transcript(123, 45)[1:] == [
-        {"role": "user", "content": "What is 123 * 45?"},
+def test_calculator_demonstrations_are_the_environment_s_episodes_and_split_held_out(tmp_path):
+    from rljax.environments.calculator import CalculatorEnv
+
+    env = CalculatorEnv()
+    messages = make_calculator_sft.transcript(7, "train", env)
+    opening, info = env.reset(seed=7, options={"split": "train"})
+    a, b = (int(x) for x in info["question"].split("*"))
+    assert messages[:2] == opening and opening[1]["content"] == f"What is {a}*{b}?"  # what RL shows
+    assert "<tools>" in opening[0]["content"] and '"name": "calculator"' in opening[0]["content"]
+    assert messages[2:] == [
         {"role": "assistant",
-         "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>'},
-        {"role": "tool", "content": "5535"},
-        {"role": "assistant", "content": "<answer>5535</answer>"}]
-    assert '"name": "calculator"' in make_calculator_sft.CALCULATOR_SYSTEM_PROMPT
+         "content": f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}</tool_call>'},
+        {"role": "tool", "content": str(a * b)},
+        {"role": "assistant", "content": f"<answer>{a * b}</answer>"}]
     subprocess.run([sys.executable, os.path.join(REPO, "experiments", "make_calculator_sft.py"), "--n", "40",
                     "--eval-n", "12", "--out", str(tmp_path / "data")], check=True, capture_output=True)
     train, held_out = (load_transcripts(str(tmp_path / "data" / f"{s}.jsonl"))[0] for s in ("train", "eval"))
@@ -229,7 +236,7 @@ def test_calculator_demonstrations_format_and_held_out_split(tmp_path):
     problems = lambda rows: {r["messages"][1]["content"] for r in rows}  # noqa: E731
     assert not problems(train) & problems(held_out)
     for r in train + held_out:
-        a, b = (int(x) for x in r["messages"][1]["content"][len("What is "):-1].split(" * "))
+        a, b = (int(x) for x in r["messages"][1]["content"][len("What is "):-1].split("*"))
         assert 100 <= a <= 999 and 10 <= b <= 99 and r["messages"][3]["content"] == str(a * b)
 
 
