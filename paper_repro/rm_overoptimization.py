@@ -41,7 +41,8 @@ Verdicts (plain rules on the numbers, in ``results.md``): claim 1, per method an
 the peak − gold at d = 0, fall = gold at the peak − gold at the last point, and rise = proxy at the
 last point − proxy at the peak; a curve is over-optimised ("yes") when all three are clearly
 positive (``_arith_policy.clearly_positive``: every seed > 0 → yes, mean > one standard error →
-partly; any "no" → no). Claim 2: the peak's d (measured, and from the fit)
+partly; any "no" → no) and the mean fall is at least a tenth of the mean gain (else a plateau:
+at most partly); the claim is "yes" when every curve is, "no" when none is, else "partly". Claim 2: the peak's d (measured, and from the fit)
 against N: strictly increasing → yes, non-decreasing with an increase → partly, else no.
 Claim 3: R² of the fit to the seed-pooled points, every curve ≥ 0.9 → yes, any < 0.5 → no, else partly.
 
@@ -102,6 +103,7 @@ CLAIMS = {
     "forms": "R_bon(d) = d(α − βd) and R_RL(d) = d(α − β log d) fit the gold curves (Eq. 1-2)",
 }
 METHODS = ("best-of-n", "RL")
+MIN_FALL = 0.1  # a gold curve "falls" when it gives back at least this share of its gain (else a plateau)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +115,7 @@ class Preset:
     # preference pairs and proxy reward models
     pair_prompts: int = 100_000  # training prefixes (at most; all 8,649 of the default split)
     pair_samples: int = 4  # π_ref samples per training prefix: pair_samples // 2 pairs each
-    rm_sizes: tuple[int, ...] = (250, 1000, 4000)
+    rm_sizes: tuple[int, ...] = (250, 1000, 3000, 8000)
     rm_epochs: float = 2.0
     rm_batch: int = 32
     rm_lr: float = 1e-3
@@ -124,12 +126,12 @@ class Preset:
     bon_samples: int = 256  # π_ref samples per held-out prefix
     best_of_n: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     # RL on the proxy
-    rl_steps: int = 120
+    rl_steps: int = 300
     rl_prompts_per_step: int = 16
     rl_group: int = 4
     rl_lr: float = 3e-4
     rl_kl_coef: float = 0.0
-    rl_eval_every: int = 10
+    rl_eval_every: int = 20
     eval_samples: int = 4  # samples per held-out prefix per RL evaluation
 
 
@@ -455,8 +457,11 @@ def summarize(results: list[dict[str, Any]], preset: Preset) -> dict[str, Any]:
     curves = out["curves"]
     per_curve = {}
     for key, c in curves.items():
-        # the gold rises to its peak, falls after it, while the proxy keeps rising past it
+        # the gold rises to its peak, falls after it, while the proxy keeps rising past it; a fall
+        # smaller than a tenth of the gain is a plateau (at most "partly"), not a peak and a fall
         says = [clearly_positive(c[k]) for k in ("gain", "fall", "proxy_rise")]
+        if says[1] == "yes" and np.mean(c["fall"]) < MIN_FALL * np.mean(c["gain"]):
+            says[1] = "partly"
         per_curve[key] = "yes" if all(a == "yes" for a in says) else ("no" if "no" in says else "partly")
     answers = list(per_curve.values())
     out["verdicts"]["overoptimization"] = {
