@@ -42,9 +42,11 @@ the peak − gold at d = 0, fall = gold at the peak − gold at the last point, 
 last point − proxy at the peak; a curve is over-optimised ("yes") when all three are clearly
 positive (``_arith_policy.clearly_positive``: every seed > 0 → yes, mean > one standard error →
 partly; any "no" → no) and the mean fall is at least a tenth of the mean gain (else a plateau:
-at most partly); the claim is "yes" when every curve is, "no" when none is, else "partly". Claim 2: the peak's d (measured, and from the fit)
-against N: strictly increasing → yes, non-decreasing with an increase → partly, else no.
-Claim 3: R² of the fit to the seed-pooled points, every curve ≥ 0.9 → yes, any < 0.5 → no, else partly.
+at most partly); the claim is "yes" when every curve is, "no" when none is, else "partly".
+Claim 2: the peak's d (measured, and from the fit) against N, per method: strictly increasing →
+yes, non-decreasing with an increase → partly, else no (all four yes → yes, all no → no).
+Claim 3: R² of the fit to the seed-pooled points, every curve ≥ 0.9 → yes, any < 0.5 → no, else
+partly.
 
 Command (after the set-up fetch ``python paper_repro/_sentiment_corpus.py --fetch``):
 
@@ -59,18 +61,26 @@ Hardware and run time: a shared 2-core CPU (jax CPU backend). Default preset: no
 Deviations from the paper (numbered):
 
 1. Policy and RMs: a 2-layer, 64-wide Llama (BPE vocabulary 2,048) trained from scratch on ~9,700
-   movie-review snippets, instead of GPT-3-family models of 1.2M-3B parameters (policy) and
-   3M-3B (RMs); every proxy RM starts from π_ref itself, so RM size is not varied, only RM data.
-2. Gold reward: VADER (a lexicon and rules), not a 6B reward model trained on human labels; the
-   gold labels the pairs without noise (the paper also labels with its gold RM).
-3. RM data: N ∈ {250, 1000, 4000} pairs (the paper: up to ~100k), two epochs each, so a small N
-   also means fewer updates (the paper trains one epoch).
-4. RL: GRPO (group-relative advantages, groups of 4) instead of PPO; 120 steps of 16 prompts;
-   KL measured on 64 held-out prefixes × 4 samples per evaluation (standard error ~0.1-0.5 nats).
-5. Best-of-n: n ≤ 256 from a pool of 256 samples per prefix for 64 prefixes (the paper: n up to
-   ~60,000 on its own prompt distribution); d_bon ≤ 2.2.
-6. Fits: per RM size to the seed-pooled points; R in VADER units (the paper's gold RM units).
-7. Tuning: none yet (see the results for the settings used).
+   movie-review snippets, instead of the paper's GPT-series policies (mostly 1.2B parameters) and
+   proxy RMs of 3M-3B parameters; every proxy RM starts from π_ref itself, so RM size is not
+   varied, only RM data (the paper varies both).
+2. Gold reward: VADER (a lexicon and rules, in [-1, 1]), not a 6B reward model; like the paper's
+   gold RM it labels the pairs without noise. VADER is easy to learn (the 8,000-pair RM ranks
+   held-out pairs ~85 % right) and bounded, so a good proxy can drive the gold near its maximum.
+3. RM data: N ∈ {250, 1000, 3000, 8000} pairs (the paper: up to ~90k), two epochs each (the
+   paper: one), so a small N also means fewer updates (14 steps at N = 250).
+4. RL: GRPO (group-relative advantages, groups of 4, no KL penalty) instead of PPO; 300 steps
+   of 16 prompts; KL measured on 64 held-out prefixes × 4 samples per evaluation (standard error
+   ~0.1-0.5 nats), which makes d noisy and, for this tiny policy, not monotone in the step.
+5. Best-of-n: n ≤ 256 from a pool of 256 samples per held-out prefix for 64 prefixes, so
+   d_bon ≤ √(log 256 − 255/256) = 2.13; the paper's best-of-n reaches larger n.
+6. Fits: per RM size to the seed-pooled points, R in VADER units; the "peak" of claim 1 is an
+   evaluation point (the highest seed-mean gold), picked on the same data it is tested on.
+7. Tuning, on seed 100 only (two trial runs before the measured run; no measured seed was
+   chosen): a first trial with N ∈ {250, 1000, 4000} and 120 RL steps left every RL run but the
+   250-pair one still rising in gold at d ≈ 3-3.5, so the default was lengthened to 300 steps and
+   an 8,000-pair RM added (3,000 replacing 4,000). Learning rates (RM 1e-3, RL 3e-4) were set
+   once from the DPO reproduction's and not varied.
 """
 
 from __future__ import annotations
