@@ -44,7 +44,8 @@ positive (``_arith_policy.clearly_positive``: every seed > 0 → yes, mean > one
 partly; any "no" → no) and the mean fall is at least a tenth of the mean gain (else a plateau:
 at most partly); the claim is "yes" when every curve is, "no" when none is, else "partly".
 Claim 2: the peak's d (measured, and from the fit) against N, per method: strictly increasing →
-yes, non-decreasing with an increase → partly, else no (all four yes → yes, all no → no).
+yes, non-decreasing with an increase → partly, else no (all four yes → yes, all no → no); a curve
+that is not over-optimised (claim 1 "no") counts as peaking beyond the measured range.
 Claim 3: R² of the fit to the seed-pooled points, every curve ≥ 0.9 → yes, any < 0.5 → no, else
 partly.
 
@@ -206,15 +207,20 @@ def _design(method: str, d: np.ndarray) -> np.ndarray:
 def fit_form(method: str, d: Sequence[float], reward: Sequence[float]) -> dict[str, float]:
     """Least-squares α, β of the paper's form for ``method`` (``FORMS``) to points ``(d, R)``, with
     R² = 1 − SS_res / SS_tot (SS_tot about the mean of R) and the fitted peak d*: α / (2β) for
-    best-of-n, exp(α/β − 1) for RL (inf when α ≤ 0 or β ≤ 0: no peak at d > 0)."""
+    best-of-n, exp(α/β − 1) for RL; inf when β ≤ 0 < α (never turns down), 0 when α ≤ 0 < β (only
+    falls), NaN when both are ≤ 0."""
     d, reward = np.asarray(d, np.float64), np.asarray(reward, np.float64)
     X = _design(method, d)
     (alpha, beta), *_ = np.linalg.lstsq(X, reward, rcond=None)
     residual = reward - X @ np.array([alpha, beta])
     ss_tot = float(np.sum((reward - reward.mean()) ** 2))
     r2 = 1.0 - float(np.sum(residual ** 2)) / ss_tot if ss_tot > 0 else float("nan")
-    if alpha <= 0 or beta <= 0:
-        peak = float("inf")  # no peak at d > 0: the fit never rises, or never turns down
+    if alpha <= 0 and beta <= 0:
+        peak = float("nan")  # never rises and never turns down: no maximum
+    elif beta <= 0:
+        peak = float("inf")  # rises and never turns down: the peak lies beyond any d
+    elif alpha <= 0:
+        peak = 0.0  # turns down from the start: the best is π_ref itself
     elif method == "best-of-n":
         peak = float(alpha / (2 * beta))
     else:
@@ -228,14 +234,15 @@ def form_curve(method: str, fit: dict[str, float], d: np.ndarray) -> np.ndarray:
 
 
 def trend(values: Sequence[float]) -> str:
-    """``yes`` when strictly increasing, ``partly`` when non-decreasing with at least one increase, else ``no``."""
+    """``yes`` when strictly increasing, ``partly`` when non-decreasing with at least one increase, else
+    ``no`` (NaN: no). ``inf`` is a peak beyond the measured range: above every finite value."""
     v = np.asarray(values, np.float64)
-    if len(v) < 2 or not np.all(np.isfinite(v)):
+    if len(v) < 2 or np.any(np.isnan(v)):
         return "no"
-    steps = np.diff(v)
-    if np.all(steps > 0):
+    up, level = v[1:] > v[:-1], v[1:] >= v[:-1]  # pairwise, so inf (a peak beyond the range) compares
+    if np.all(up):
         return "yes"
-    return "partly" if np.all(steps >= 0) and np.any(steps > 0) else "no"
+    return "partly" if np.all(level) and np.any(up) else "no"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,7 +487,9 @@ def summarize(results: list[dict[str, Any]], preset: Preset) -> dict[str, Any]:
         "per_curve": per_curve}
     later = {}
     for method in METHODS:
-        measured = [float(np.mean(curves[f"{method}/{n}"]["d_peak"])) for n in preset.rm_sizes]
+        # a curve that is not over-optimised ("no") has not peaked yet: its peak lies beyond the range
+        measured = [float(np.mean(curves[f"{method}/{n}"]["d_peak"]))
+                    if per_curve[f"{method}/{n}"] != "no" else float("inf") for n in preset.rm_sizes]
         fitted = [curves[f"{method}/{n}"]["fit"]["d_peak_fit"] for n in preset.rm_sizes]
         later[method] = {"measured": trend(measured), "fitted": trend(fitted), "d_peak": measured,
                          "d_peak_fit": fitted}
@@ -496,6 +505,10 @@ def summarize(results: list[dict[str, Any]], preset: Preset) -> dict[str, Any]:
     return out
 
 
+def _peak_text(d: float) -> str:
+    return "beyond" if d == float("inf") else "none" if math.isnan(d) else f"{d:.2f}"
+
+
 def build_table(summary: dict[str, Any]) -> str:
     """The markdown table: one row per method and RM size."""
     from rljax.reporting import markdown_table, mean_std
@@ -508,7 +521,7 @@ def build_table(summary: dict[str, Any]) -> str:
         rows.append([c["method"], c["rm_pairs"], mean_std(c["rm_accuracy"]), mean_std(c["d_peak"]),
                      mean_std(c["gold_peak"]), mean_std(c["d_last"]), mean_std(c["gold_last"]),
                      mean_std(c["proxy_last"]), fit["alpha"], fit["beta"], fit["r2"],
-                     "none" if not math.isfinite(fit["d_peak_fit"]) else fit["d_peak_fit"],
+                     _peak_text(fit["d_peak_fit"]),
                      summary["verdicts"]["overoptimization"]["per_curve"][key]])
     return markdown_table(headers, rows)
 
@@ -516,8 +529,8 @@ def build_table(summary: dict[str, Any]) -> str:
 def verdict_lines(summary: dict[str, Any]) -> list[str]:
     """One plain line per claim, computed from the numbers."""
     v = summary["verdicts"]
-    later = "; ".join(f"{m}: measured peak d {[round(x, 2) for x in q['d_peak']]} ({q['measured']}), fitted d* "
-                      f"{[round(x, 2) if math.isfinite(x) else 'none' for x in q['d_peak_fit']]} ({q['fitted']})"
+    later = "; ".join(f"{m}: measured peak d {[_peak_text(x) for x in q['d_peak']]} ({q['measured']}), fitted d* "
+                      f"{[_peak_text(x) for x in q['d_peak_fit']]} ({q['fitted']})"
                       for m, q in v["later_peak"]["per_method"].items())
     r2 = ", ".join(f"{k}: {x:.2f}" for k, x in v["forms"]["r2"].items())
     over = ", ".join(f"{k}: {a}" for k, a in v["overoptimization"]["per_curve"].items())
@@ -572,6 +585,43 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], preset: Preset,
 # main
 
 
+def write_report(out: Path, preset_name: str, preset: Preset, pretrain: dict[str, Any], results: list[dict[str, Any]],
+                 seconds: float, log) -> str:
+    """Summary, table, verdicts, plot, ``curves.json`` and ``results.md`` from the per-seed results."""
+    from rljax.reporting import mean_std, write_json
+
+    summary = summarize(results, preset)
+    table = build_table(summary)
+    verdicts = verdict_lines(summary)
+    plots = plot(results, summary, preset, out)
+    write_json(str(out / "curves.json"), {"preset": preset_name, "pretrain": pretrain, "seeds": results,
+                                          "summary": summary, "seconds": round(seconds, 1)})
+    p = preset.pretrain
+    md = [f"# Reward-model over-optimisation ({preset_name} preset)", "",
+          "Reproduces arXiv:2210.10760 (Gao, Schulman, Hilton 2022) Figures 1-2 in miniature: proxy reward models "
+          "trained on N gold-labelled preference pairs are optimised by best-of-n and by RL (GRPO); gold (VADER) and "
+          "proxy scores of the optimised policy, minus π_ref's, against d = √KL(π ‖ π_ref). Per method and RM "
+          "size: mean ± std over seeds; the fit (α, β, R²) is to the seed-pooled points.", "",
+          table, "", "Claims and verdicts:", "", *verdicts, "",
+          f"- π_ref: {p.layers}-layer, {p.hidden}-wide Llama, BPE vocabulary {p.vocab_size}, held-out NLL "
+          f"{pretrain['eval_nll_per_token_after']:.2f} nats/token (trained in {pretrain['seconds']:.0f} s; cached).",
+          f"- Gold-labelled pairs per seed: {mean_std([r['pairs'] for r in results], digits=4)} available "
+          f"({preset.pair_samples} π_ref samples per training prefix, two at a time, ties dropped); RM held-out "
+          f"accuracy on {mean_std([r['eval_pairs'] for r in results], digits=4)} held-out pairs.",
+          f"- Best-of-n: {preset.eval_prompts} held-out prefixes × {preset.bon_samples} π_ref samples, n ∈ "
+          f"{list(preset.best_of_n)}, KL = log n − (n−1)/n. RL: GRPO, {preset.rl_steps} steps of "
+          f"{preset.rl_prompts_per_step} prompts × {preset.rl_group}, learning rate {preset.rl_lr:g}, KL coefficient "
+          f"{preset.rl_kl_coef:g}; evaluated every {preset.rl_eval_every} steps on {preset.eval_prompts} held-out "
+          f"prefixes × {preset.eval_samples} samples.",
+          f"- π_ref's gold (VADER) mean: {mean_std([r['ref_gold'] for r in results])}.",
+          f"- Seeds: {list(preset.seeds)}; run time {seconds / 60:.1f} min (this machine: {os.cpu_count()} CPUs).",
+          "", "Plot: `overoptimization.png`. Raw points: `curves.json`."]
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    log(f"wrote {out / 'results.md'} and {plots} ({seconds / 60:.1f} min of measurement)")
+    print("\n" + table + "\n\n" + "\n".join(verdicts))
+    return "\n".join(md)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     keep_host_memory()  # process-wide malloc settings, before any JAX work (rljax/host_memory.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -581,6 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the preset's)")
     parser.add_argument("--out", help=f"output folder (default runs/paper_repro/{NAME}/<preset>)")
     parser.add_argument("--cache", help="folder of the cached reference policy (default runs/paper_repro/_cache)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild results.md, the plot and the summary from OUT/curves.json (no training)")
     args = parser.parse_args(argv)
     preset_name = "smoke" if args.smoke else "full" if args.full else "default"
     preset = PRESETS[preset_name]
@@ -589,13 +641,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or REPO_ROOT / "runs" / "paper_repro" / NAME / preset_name)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
-    log_lines: list[str] = []
 
     def log(msg: str) -> None:
         print(msg, flush=True)
-        log_lines.append(msg)
 
-    from rljax.reporting import mean_std, save_run_metadata, write_json
+    if args.report_only:
+        with open(out / "curves.json") as f:
+            saved = json.load(f)
+        results = saved["seeds"]
+        preset = dataclasses.replace(preset, seeds=tuple(r["seed"] for r in results))
+        write_report(out, saved["preset"], preset, saved["pretrain"], results, saved.get("seconds", float("nan")), log)
+        return 0
+
+    from rljax.reporting import save_run_metadata, write_json
 
     snippets = corpus.read_snippets()  # a clear error with the fetch command when the cache is empty
     save_run_metadata(str(out), {"preset": preset_name, **dataclasses.asdict(preset),
@@ -618,35 +676,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(str(out / "curves.json"), {"preset": preset_name, "pretrain": pretrain, "seeds": results})
     shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - t_start
-
-    summary = summarize(results, preset)
-    table = build_table(summary)
-    verdicts = verdict_lines(summary)
-    plots = plot(results, summary, preset, out)
     write_json(str(out / "curves.json"), {"preset": preset_name, "pretrain": pretrain, "seeds": results,
-                                          "summary": summary, "seconds": round(seconds, 1)})
-    md = [f"# Reward-model over-optimisation ({preset_name} preset)", "",
-          "Reproduces arXiv:2210.10760 (Gao, Schulman, Hilton 2022) Figures 1-2 in miniature: proxy reward models "
-          "trained on N gold-labelled preference pairs are optimised by best-of-n and by RL (GRPO); gold (VADER) and "
-          "proxy scores of the optimised policy, minus π_ref's, against d = √KL(π ‖ π_ref). Per method and RM "
-          "size: mean ± std over seeds; the fit (α, β, R²) is to the seed-pooled points.", "",
-          table, "", "Claims and verdicts:", "", *verdicts, "",
-          f"- π_ref: {p.layers}-layer, {p.hidden}-wide Llama, BPE vocabulary {p.vocab_size}, held-out NLL "
-          f"{pretrain['eval_nll_per_token_after']:.2f} nats/token (trained in {pretrain['seconds']:.0f} s; cached).",
-          f"- Gold-labelled pairs per seed: {mean_std([r['pairs'] for r in results], digits=4)} available "
-          f"({preset.pair_samples} π_ref samples per training prefix, two at a time, ties dropped); RM held-out "
-          f"accuracy on {mean_std([r['eval_pairs'] for r in results], digits=4)} held-out pairs.",
-          f"- Best-of-n: {len(eval_prompts)} held-out prefixes × {preset.bon_samples} π_ref samples, n ∈ "
-          f"{list(preset.best_of_n)}, KL = log n − (n−1)/n. RL: GRPO, {preset.rl_steps} steps of "
-          f"{preset.rl_prompts_per_step} prompts × {preset.rl_group}, learning rate {preset.rl_lr:g}, KL coefficient "
-          f"{preset.rl_kl_coef:g}; evaluated every {preset.rl_eval_every} steps on {len(eval_prompts)} held-out "
-          f"prefixes × {preset.eval_samples} samples.",
-          f"- π_ref's gold (VADER) mean: {mean_std([r['ref_gold'] for r in results])}.",
-          f"- Seeds: {list(preset.seeds)}; run time {seconds / 60:.1f} min (this machine: {os.cpu_count()} CPUs).",
-          "", "Plot: `overoptimization.png`. Raw points: `curves.json`."]
-    (out / "results.md").write_text("\n".join(md) + "\n")
-    log(f"wrote {out / 'results.md'} and {plots} in {seconds / 60:.1f} min")
-    print("\n" + table + "\n\n" + "\n".join(verdicts))
+                                          "seconds": round(seconds, 1)})
+    write_report(out, preset_name, preset, pretrain, results, seconds, log)
     return 0
 
 

@@ -68,6 +68,13 @@ def test_smoke_run_writes_table_plot_and_curves(tmp_path):
     for verdict in curves["summary"]["verdicts"].values():
         assert verdict["answer"] in ("yes", "partly", "no")
 
+    # --report-only rebuilds the same table and verdicts from curves.json, without training
+    (out / "results.md").unlink()
+    assert repro.main(["--smoke", "--out", str(out), "--report-only"]) == 0
+    again = (out / "results.md").read_text().splitlines()
+    assert [x for x in again if x.startswith(("| ", "1. ", "2. ", "3. "))] == \
+        [x for x in results.splitlines() if x.startswith(("| ", "1. ", "2. ", "3. "))]
+
 
 def test_best_of_n_expectation_by_hand():
     proxy = np.array([[0.1, 0.3, 0.2]])  # [P=1, M=3]
@@ -97,6 +104,9 @@ def test_fits_by_hand():
     # residuals (-12, 12, -4)/38: SS_res = 4/19, SS_tot = 2/3
     assert fit["r2"] == pytest.approx(13 / 19)
     assert fit["d_peak_fit"] == float("inf")  # β < 0: never turns down
+    # two points: α − β = −1, 2α − 4β = −4 -> α = 0, β = 1: only falls, the peak is d = 0
+    falls = repro.fit_form("best-of-n", [1.0, 2.0], [-1.0, -4.0])
+    assert (falls["alpha"], falls["beta"], falls["d_peak_fit"]) == pytest.approx((0.0, 1.0, 0.0), abs=1e-9)
     # exact data recovers the coefficients, R² = 1, and the peaks α/(2β) and exp(α/β − 1)
     d = np.array([0.0, 0.5, 1.0, 2.0, 3.0])
     bon = repro.fit_form("best-of-n", d, d * (1.0 - 0.5 * d))
@@ -112,7 +122,9 @@ def test_trend():
     assert repro.trend([0.5, 0.5, 2.0]) == "partly"
     assert repro.trend([0.5, 0.5, 0.5]) == "no"
     assert repro.trend([1.0, 0.5, 2.0]) == "no"
-    assert repro.trend([0.5, float("inf"), 2.0]) == "no"  # a fit without a peak
+    assert repro.trend([0.5, float("inf"), 2.0]) == "no"  # a peak beyond the range, then one inside it
+    assert repro.trend([0.5, float("inf"), float("inf")]) == "partly"
+    assert repro.trend([0.5, float("nan"), 2.0]) == "no"
 
 
 def _synthetic(peaks, *, falls=True):
