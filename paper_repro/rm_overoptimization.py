@@ -57,7 +57,20 @@ Writes ``runs/paper_repro/rm_overoptimization/<preset>/``: ``results.md``, ``ove
 (gold and proxy vs d, best-of-n and RL, one line per RM size, the fitted forms dashed),
 ``curves.json``, ``config.json``, ``environment.json``.
 
-Hardware and run time: a shared 2-core CPU (jax CPU backend). Default preset: not yet measured.
+Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (3 seeds) took
+23.3 min while other jobs loaded the machine (load average ~9; per seed: pairs ~0.5-1.3 min, four
+RMs ~1-3 min, best-of-n pool ~45 s, four 300-step GRPO runs with evaluations ~1-1.6 min each), plus
+~1 min to pretrain π_ref the first time (cached afterwards); a quiet machine should be faster.
+
+Result of the default preset (``results.md``): claim 1 partly — RL on the 250-pair RM over-optimises
+in every seed (gold +0.16 at d ≈ 5.3, back to +0.05 at d ≈ 8.3 while the proxy keeps rising);
+best-of-n on the 3,000-pair RM flattens (partly); the other curves still rise at the largest d
+reached (best-of-n d ≤ 2.13, where the 250-pair curve's small dip is not consistent across seeds;
+RL gold near VADER's ceiling, +0.86 over π_ref, for the 3,000 and 8,000-pair RMs). Claim 2 partly:
+the RMs with more data have not peaked within the range where the 250-pair RM's RL curve has,
+but no trend is measurable among the larger RMs. Claim 3 no: R² 0.97-0.98 for best-of-n on the
+larger RMs but 0.10-0.16 on the 250-pair RM's flat, noisy curves and 0.73-0.79 for RL, whose gold
+curves are S-shaped (slow, then fast, then saturating) rather than d(α − β log d).
 
 Deviations from the paper (numbered):
 
@@ -67,7 +80,8 @@ Deviations from the paper (numbered):
    varied, only RM data (the paper varies both).
 2. Gold reward: VADER (a lexicon and rules, in [-1, 1]), not a 6B reward model; like the paper's
    gold RM it labels the pairs without noise. VADER is easy to learn (the 8,000-pair RM ranks
-   held-out pairs ~85 % right) and bounded, so a good proxy can drive the gold near its maximum.
+   held-out pairs 85 % right, the 250-pair one 53 %) and bounded, so a good proxy can drive the
+   gold near its maximum, leaving no room to fall within the KL the runs reach.
 3. RM data: N ∈ {250, 1000, 3000, 8000} pairs (the paper: up to ~90k), two epochs each (the
    paper: one), so a small N also means fewer updates (14 steps at N = 250).
 4. RL: GRPO (group-relative advantages, groups of 4, no KL penalty) instead of PPO; 300 steps
@@ -81,7 +95,12 @@ Deviations from the paper (numbered):
    chosen): a first trial with N ∈ {250, 1000, 4000} and 120 RL steps left every RL run but the
    250-pair one still rising in gold at d ≈ 3-3.5, so the default was lengthened to 300 steps and
    an 8,000-pair RM added (3,000 replacing 4,000). Learning rates (RM 1e-3, RL 3e-4) were set
-   once from the DPO reproduction's and not varied.
+   once from the DPO reproduction's and not varied. From what the seed-100 trial showed, a fall
+   smaller than a tenth of the gain was made a plateau (before the measured run started), and,
+   while the measured run was in progress and before its results were read, a curve that has not
+   peaked was made to count as peaking beyond the range in claim 2 (before: at its last point).
+   The run's own report used the earlier claim-2 rule and gave the same answers (partly / partly /
+   no); ``--report-only`` rebuilt ``results.md`` with the rules above.
 """
 
 from __future__ import annotations
