@@ -1,5 +1,6 @@
-"""`rljax train` on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU devices, in one process or
-two (jax.distributed over gloo, 127.0.0.1), and resumed from 4 devices onto 8, equals the one-device run.
+"""`rljax train` on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU devices, in one process (DPO,
+PPO) or two (GRPO: jax.distributed over gloo, 127.0.0.1), and resumed from 4 devices onto 8 (GRPO),
+equals the one-device run.
 
 The one-device run is this process's (the test suite sees one CPU device); the others are
 `python -m rljax.cli train` in subprocesses with XLA_FLAGS=--xla_force_host_platform_device_count=N
@@ -154,11 +155,10 @@ def test_a_run_on_eight_devices_equals_one_device(case, model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_on_eight_devices_in_one_or_two_processes_and_resumed_from_four(model_dir, tmp_path):
+def test_grpo_on_eight_devices_in_two_processes_and_resumed_from_four(model_dir, tmp_path):
+    # (eight devices in one process: the other algorithms' test above; the suite's time is kept for these)
     config = _config(tmp_path, "grpo", model_dir)
     _one_device_run(config, tmp_path / "one", model_dir)
-    _train(config, tmp_path / "eight", *EIGHT)
-    _assert_same_run(tmp_path / "one", tmp_path / "eight", "grpo")
 
     log = _train_two_processes(config, tmp_path / "two", *EIGHT)
     assert "mesh data=1 fsdp=4 tensor=2 over 8 cpu devices in 2 processes" in log
