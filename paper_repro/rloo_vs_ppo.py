@@ -102,9 +102,9 @@ CLAIMS = {
 }
 
 PRESETS = {
-    # the smoke preset sweeps two λ only: each method compiles its own update (seconds each)
+    # smoke: the fewest methods that reach every verdict (each method compiles its own update, seconds each)
     "smoke": dict(spec=ap.PolicySpec.smoke(), steps=1, samples=8, mini_batches=2, iterations=2, seeds=(0,),
-                  window=1, lr=1e-4, kl_coef=0.05, lambdas=(0.0, 1.0)),
+                  window=1, lr=1e-4, kl_coef=0.05, methods=(PPO[0.0], PPO[1.0], RLOO4)),
     "default": dict(spec=ap.PolicySpec(), steps=120, samples=32, mini_batches=2, iterations=2, seeds=(0, 1, 2),
                     window=20, lr=1e-4, kl_coef=0.05),
     "full": dict(spec=ap.PolicySpec(digits=3, layers=4, hidden=256, heads=8, kv_heads=4, sft_size=20000,
@@ -115,8 +115,9 @@ PRESETS = {
 
 
 def methods(p: dict) -> dict[str, list[str]]:
-    """Each method's overrides for the preset ``p``: the algorithm first (naming it resets the section),
-    then ``p["samples"]`` completions per step, the KL coefficient and the update schedule."""
+    """Each method's overrides for the preset ``p`` (only ``p["methods"]`` when given): the algorithm
+    first (naming it resets the section), then ``p["samples"]`` completions per step, the KL
+    coefficient and the update schedule."""
     s, beta = p["samples"], p["kl_coef"]
     clipped = [f"algorithm.num_iterations={p['iterations']}", f"algorithm.mini_batches={p['mini_batches']}"]
 
@@ -127,12 +128,12 @@ def methods(p: dict) -> dict[str, list[str]]:
                 f"algorithm.kl_coef={beta}"]
 
     out = {PPO[lam]: ["algorithm.name=ppo", *per_step(1), f"algorithm.lam={lam}", "algorithm.gamma=1.0",
-                      "algorithm.critic=separate", *clipped] for lam in p.get("lambdas", LAMBDAS)}
+                      "algorithm.critic=separate", *clipped] for lam in LAMBDAS}
     for label, k in ((RLOO2, 2), (RLOO4, 4)):
         out[label] = ["algorithm.name=rloo", *per_step(k), "algorithm.loss=reinforce"]
     out[GRPO] = ["algorithm.name=grpo", *per_step(4), *clipped]
     out[RPP] = ["algorithm.name=reinforce_pp", *per_step(1), *clipped]
-    return out
+    return {m: o for m, o in out.items() if m in p.get("methods", out)}
 
 
 def kl_and_clip_row(trainer, metrics: dict) -> dict[str, float]:

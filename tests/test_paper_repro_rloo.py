@@ -11,6 +11,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from paper_repro import _arith_policy as ap  # noqa: E402
 from paper_repro import rloo_vs_ppo as rp  # noqa: E402
 
 
@@ -26,6 +27,19 @@ def test_every_method_draws_the_same_samples_per_step_with_the_same_kl():
     assert dict(o.split("=", 1) for o in methods[rp.RLOO4])["algorithm.loss"] == "reinforce"
     with pytest.raises(ValueError, match="multiple of the group size 4"):
         rp.methods({**p, "samples": 6})
+    # each list is a valid run config (the smoke run below builds only three of them), and the
+    # settings survive: naming the algorithm after them would have reset the section to its defaults
+    spec = p["spec"]
+    for label, overrides in methods.items():
+        cfg = ap.rl_config(spec, "unused-model-dir", "unused-prompts", "unused-run", overrides)
+        a = cfg.algorithm
+        assert a.name == overrides[0].split("=")[1] and a.group_size * a.prompts_per_step == p["samples"], label
+        assert a.kl_coef == p["kl_coef"], label
+        if a.name == "ppo":
+            assert a.critic == "separate" and a.lam in rp.LAMBDAS and a.gamma == 1.0
+        if a.name != "rloo":
+            assert (a.num_iterations, a.mini_batches) == (p["iterations"], p["mini_batches"]), label
+    assert list(rp.methods(rp.PRESETS["smoke"])) == [rp.PPO[0.0], rp.PPO[1.0], rp.RLOO4]
 
 
 def _seed(reward, kl=1.0, clip=0.01, eval_correct=0.5):
