@@ -76,6 +76,7 @@ Deviations from the paper (numbered):
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -293,7 +294,15 @@ def plot_reward_vs_kl(curves: dict[str, list[list[dict]]], path: str, *, smooth:
 
 
 def main(argv=None) -> dict:
+    """Run the preset (or, with ``--report-only``, rebuild the report from the runs already in
+    ``out/curves.json``: an interrupted run's finished seeds) and write the report."""
+    import argparse
+
     keep_host_memory()  # process-wide malloc settings, before any JAX work (rljax/host_memory.py)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--report-only", action="store_true",
+                       help="no training: the report of the runs in <out>/curves.json (the step times only)")
+    known, argv = extra.parse_known_args(sys.argv[1:] if argv is None else argv)
     run = ap.setup(NAME, __doc__.splitlines()[0], argv, PRESETS)
     preset, out, p, seeds, steps, log = run.preset, run.out, run.p, run.seeds, run.steps, run.log
     spec, model_dir, policy_stats = run.spec, run.model_dir, run.policy_stats
@@ -302,10 +311,20 @@ def main(argv=None) -> dict:
     method_overrides = methods(p)
     # algorithm keys live in each method's list (naming the algorithm resets its section)
     common = [f"train.steps={steps}", f"optim.learning_rate={p['lr']}"]
-    t_rl = time.perf_counter()
-    curves, cfg = ap.run_methods(spec, model_dir, out, method_overrides, common, seeds, log=log,
-                                 extra_row=kl_and_clip_row, at_end=held_out_row)
-    rl_seconds = time.perf_counter() - t_rl
+    note = ""
+    if known.report_only:
+        with open(os.path.join(out, "curves.json")) as f:
+            saved = json.load(f)
+        curves, cfg = {m: saved["curves"].get(m, []) for m in method_overrides}, None
+        rl_seconds = sum(r["step_s"] for runs in curves.values() for rows in runs for r in rows)
+        done = {m: len(runs) for m, runs in curves.items()}
+        note = (f" Rebuilt with `--report-only` from curves.json: seeds run per method {done} of "
+                f"{saved['seeds']}; the run time below counts the steps' wall time only.")
+    else:
+        t_rl = time.perf_counter()
+        curves, cfg = ap.run_methods(spec, model_dir, out, method_overrides, common, seeds, log=log,
+                                     extra_row=kl_and_clip_row, at_end=held_out_row)
+        rl_seconds = time.perf_counter() - t_rl
 
     w = p["window"]
     per_seed = summarise(curves, w)
@@ -332,7 +351,7 @@ def main(argv=None) -> dict:
             f"per step: mean over the last {w} steps; KL: sum over a completion's tokens of log π_old − log π_ref "
             f"(same estimate for every method); clip fraction: over the whole run; held-out accuracy: greedy, "
             f"{spec.eval_size} questions, after the last step; state MB: policy + optimizer + reference + critic "
-            f"arrays. Mean ± std over seeds."),
+            f"arrays. Mean ± std over seeds.{note}"),
         table=markdown_table(headers, rows), verdict=verdict(per_seed), plot_name="rloo_vs_ppo.png, reward_vs_kl.png",
         rl_seconds=rl_seconds,
         meta={"window": w, "methods": method_overrides, "common_overrides": common, "rl_config_example": cfg})
