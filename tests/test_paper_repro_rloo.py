@@ -103,3 +103,15 @@ def test_rloo_vs_ppo_smoke(tmp_path):
     # PPO's separate critic: a second model and its optimizer state, so more memory than RLOO's
     summary = result["per_seed"]
     assert summary[rp.PPO[1.0]][0]["state_mb"] > 1.3 * summary[rp.RLOO4][0]["state_mb"]
+
+
+def test_reward_at_kl_reads_the_first_step_that_reaches_the_kl():
+    rows = [{"kl": k, "reward": r} for k, r in [(0.0, 0.1), (0.5, 0.2), (1.0, 0.3), (1.5, 0.4)]]
+    assert rp.reward_at_kl(rows, 0.9, 1) == pytest.approx(0.3)  # first KL >= 0.9: step 3
+    # 2-step means: KL 0, 0.25, 0.75, 1.25 -> first >= 0.7 is step 3, reward (0.2 + 0.3) / 2
+    assert rp.reward_at_kl(rows, 0.7, 2) == pytest.approx(0.25)
+    assert math.isnan(rp.reward_at_kl(rows, 2.0, 1))  # never reached
+    # RLOO ends at KL 0.5 with reward 0.35: PPO had reward 0.2 at KL 0.5, so the gap is 0.15
+    rloo = [{"kl": 0.2, "reward": 0.1}, {"kl": 0.5, "reward": 0.35}]
+    gaps = rp.equal_kl_gaps({rp.RLOO4: [rloo], rp.PPO[1.0]: [rows]}, rp.RLOO4, rp.PPO[1.0], 1)
+    assert gaps.tolist() == pytest.approx([0.15])
