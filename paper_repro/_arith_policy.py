@@ -332,21 +332,30 @@ def step_row(trainer, metrics: dict[str, float]) -> dict[str, float]:
     return row
 
 
-def run_rl(cfg: RunConfig, *, log: Callable[[str], None] = print, label: str = "") -> list[dict[str, float]]:
-    """``cfg.train.steps`` online steps; returns one row per step (see ``step_row``)."""
+def run_rl(cfg: RunConfig, *, log: Callable[[str], None] = print, label: str = "",
+           extra_row: Callable[[Any, dict], dict] | None = None,
+           at_end: Callable[[Any], dict] | None = None) -> list[dict[str, float]]:
+    """``cfg.train.steps`` online steps; returns one row per step (see ``step_row``; ``step_s`` is the
+    step's wall time). ``extra_row(trainer, metrics)`` adds a reproduction's own values to each row
+    (outside ``step_s``); ``at_end(trainer)``'s values go into the last row (e.g. a held-out evaluation)."""
     from rljax.training import OnlineTrainer
 
     trainer = OnlineTrainer(cfg, overwrite=True)  # a rerun of the script replaces its run
     rows = []
     t0 = time.perf_counter()
     for step in range(cfg.train.steps):
+        t_step = time.perf_counter()
         metrics = trainer.step_once()  # advances trainer.step
-        row = {"step": step + 1, **step_row(trainer, metrics)}
+        row = {"step": step + 1, "step_s": time.perf_counter() - t_step, **step_row(trainer, metrics)}
+        if extra_row is not None:
+            row.update(extra_row(trainer, metrics))
         rows.append(row)
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.train.steps:
             log(f"  {label} step {step + 1}/{cfg.train.steps}: reward {row['reward']:.3f}, "
                 f"len correct {row['len_correct']:.1f} / incorrect {row['len_incorrect']:.1f}, "
                 f"entropy {row.get('policy/entropy', float('nan')):.3f} ({time.perf_counter() - t0:.0f} s)")
+    if at_end is not None and rows:
+        rows[-1].update(at_end(trainer))
     write_json(os.path.join(cfg.train.run_dir, "curve.json"), rows)
     return rows
 
@@ -454,12 +463,13 @@ def file_logger(out: str) -> Callable[[str], None]:
 
 
 def run_methods(spec: PolicySpec, model_dir: str, out: str, methods: dict[str, Sequence[str]],
-                common: Sequence[str], seeds: Sequence[int], *, log: Callable[[str], None] = print
-                ) -> tuple[dict[str, list[list[dict]]], RunConfig]:
+                common: Sequence[str], seeds: Sequence[int], *, log: Callable[[str], None] = print,
+                **run_kwargs) -> tuple[dict[str, list[list[dict]]], RunConfig]:
     """Every method for every seed from the pretrained policy; ``curves[method][seed_index]`` rows.
 
     Seed-major, and ``out/curves.json`` is rewritten after each run, so an interrupted run still
     has every method for its first seeds. Returns the curves and the last run's config.
+    ``run_kwargs`` (``extra_row``, ``at_end``) go to ``run_rl``.
     """
     prompts_dir = os.path.dirname(model_dir)  # pretrain_policy wrote the prompt files there
     curves: dict[str, list[list[dict]]] = {m: [] for m in methods}
@@ -469,7 +479,7 @@ def run_methods(spec: PolicySpec, model_dir: str, out: str, methods: dict[str, S
             run_dir = os.path.join(out, "runs", f"{slug(method)}_s{seed}")
             cfg = rl_config(spec, model_dir, prompts_dir, run_dir, [*common, *overrides, f"train.seed={seed}"])
             log(f"{method}, seed {seed}:")
-            curves[method].append(run_rl(cfg, log=log, label=method))
+            curves[method].append(run_rl(cfg, log=log, label=method, **run_kwargs))
             write_json(os.path.join(out, "curves.json"), {"seeds": list(seeds), "curves": curves})
     return curves, cfg
 
