@@ -455,11 +455,14 @@ def _chunked_causal_attention(q, k, v, key_mask, chunk: int):
     """:func:`_attention` of a pass without a cache (query ``t`` sees keys ``0..t``), ``chunk``
     queries at a time: the same numbers in ``O(chunk * T)`` memory instead of ``O(T^2)``.
 
-    q [B, T, H, hd]; k, v [B, T, KVH, hd]; key_mask [B, T]. Queries ``a..b-1`` attend over keys
-    ``0..b-1`` only: the keys after a chunk are masked for every query in it, so slicing them off
-    changes no number and halves the work of a causal pass. Each chunk is a ``jax.checkpoint``: a
-    backward pass keeps its inputs and recomputes its ``[B, H, chunk, b]`` scores, so no chunk's
-    scores outlive it (without it the gradient would save every chunk's softmax, ``O(T^2)`` again).
+    q [B, T, H, hd]; k, v [B, T, KVH, hd]; key_mask [B, T]. The chunks run one after another in a
+    ``lax.map``, each over the full row of keys (the causal mask as in :func:`_attention`; T is padded
+    to a multiple of ``chunk``, the padded queries dropped). A first version looped in Python with
+    static key slices (half the work of a causal pass), but XLA kept every chunk's scores alive at
+    once (measured 4.4 MB vs 2.1 MB of temporaries on tests/test_attention_chunked.py's program).
+    Each chunk is a ``jax.checkpoint``: a backward pass keeps its inputs and recomputes its
+    ``[B, H, chunk, T]`` scores, so no chunk's scores outlive it (without it the gradient would save
+    every chunk's softmax, ``O(T^2)`` again).
 
     Why: the dense scores are ``B * H * T^2`` float32, the largest activation of a long pass once
     the logits are chunked (``model.logits_chunk``): 16 rows x 9 heads x 2112^2 x 4 bytes = 2.6 GB
