@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from rljax.batches import PairBatch
 from rljax.config import check_range
-from rljax.logprobs import completion_logprobs
+from rljax.logprobs import grouped_completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,23 +45,14 @@ class OfflineSettings:
         check_range(self, "epochs", low=0, low_open=True, note="(null = train.steps)")
 
 
-def flatten(batch: PairBatch) -> tuple[jnp.ndarray, ...]:
-    """``[B, P]`` prompts and ``[B, K, N]`` completions as ``B·K`` rows (row ``b·K + k``)."""
-    B, K, N = batch.completion_ids.shape
-    prompt_ids = jnp.repeat(batch.prompt_ids, K, axis=0)
-    prompt_mask = jnp.repeat(batch.prompt_mask, K, axis=0)
-    return prompt_ids, prompt_mask, batch.completion_ids.reshape(B * K, N), batch.completion_mask.reshape(B * K, N)
-
-
 def lengths(batch: PairBatch) -> jnp.ndarray:
     """``[B, K]`` float32 token counts of every completion."""
     return jnp.sum(batch.completion_mask != 0, axis=-1).astype(jnp.float32)
 
 
 def sequence_logps(model, batch: PairBatch) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Summed log-probs ``[B, K]`` of each completion and its token count ``[B, K]``: one forward pass."""
-    B, K, _ = batch.completion_ids.shape
-    prompt_ids, prompt_mask, ids, mask = flatten(batch)
-    logprobs = completion_logprobs(model, prompt_ids, prompt_mask, ids, mask)["logprobs"]  # [B·K, N]
-    summed = jnp.sum(jnp.where(mask != 0, logprobs, jnp.zeros_like(logprobs)), axis=-1)
-    return summed.reshape(B, K), lengths(batch)
+    """Summed log-probs ``[B, K]`` of each completion and its token count ``[B, K]``: one forward pass
+    over each prompt and its K completions packed in one row (``rljax.logprobs.grouped_completion_logprobs``)."""
+    mask = batch.completion_mask
+    logprobs = grouped_completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
+    return jnp.sum(jnp.where(mask != 0, logprobs, jnp.zeros_like(logprobs)), axis=-1), lengths(batch)

@@ -7,8 +7,9 @@ optional margin (Llama 2, arXiv:2307.09288) and centring (arXiv:2312.09244), or 
 K-wise ranking loss over ranked lists (``rm_loss: kwise``).
 
 Batches are ``PairBatch`` es: ``K = 2`` (chosen first) or ``K`` ranked completions (best first,
-``completion_valid`` marks the ones a short list lacks); all ``B·K`` completions share one forward
-pass. The trained model is exported as a Hugging Face directory with ``value_head.safetensors``;
+``completion_valid`` marks the ones a short list lacks); each prompt and its K completions are
+packed in one row of one forward pass (``rljax.logprobs.grouped_sequence_rewards``: the prompt runs
+once, not K times). The trained model is exported as a Hugging Face directory with ``value_head.safetensors``;
 the ``reward_model`` reward (``rljax.rewards.learned``) scores online rollouts with it.
 """
 
@@ -23,7 +24,7 @@ from rljax.algorithms import _offline
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import PairBatch
 from rljax.config import check_range
-from rljax.logprobs import sequence_rewards
+from rljax.logprobs import grouped_sequence_rewards
 from rljax.losses.reward_model import bradley_terry_loss, kwise_ranking_loss
 
 
@@ -48,8 +49,9 @@ class RewardModelConfig(_offline.OfflineSettings):
 
 def scores(model, batch: PairBatch) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Rewards ``[B, K]`` of every completion (one forward pass) and their lengths ``[B, K]``."""
-    B, K, _ = batch.completion_ids.shape
-    return sequence_rewards(model, *_offline.flatten(batch)).reshape(B, K), _offline.lengths(batch)
+    rewards = grouped_sequence_rewards(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                       batch.completion_mask)
+    return rewards, _offline.lengths(batch)
 
 
 def answer_mask(batch: PairBatch) -> jnp.ndarray:

@@ -257,6 +257,7 @@ class Transformer(nnx.Module):
         *,
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
+        segments: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final (normed) hidden states ``[B, T, D]`` and the updated cache (None without one).
 
@@ -264,6 +265,12 @@ class Transformer(nnx.Module):
         keys/values are written at slots ``cache.index .. cache.index + T`` and each query attends
         over the valid cache slots up to its own; ``positions`` then must be given by the caller
         (the sampler knows each row's length).
+
+        ``segments`` ``[B, T]`` (int, passes without a cache): several sequences that share a prefix
+        packed in one row (``rljax.logprobs.packed_completion_states``). Segment 0 is the shared
+        prefix; a token of segment ``s > 0`` attends to earlier tokens of segment 0 and of ``s`` only,
+        so each branch sees exactly what it would see alone after the prefix (its ``positions``
+        must continue the prefix's).
         """
         B, T = input_ids.shape
         if attention_mask is None:
@@ -273,6 +280,8 @@ class Transformer(nnx.Module):
             if cache is not None:
                 raise ValueError("forward with a KV cache needs explicit positions")
             positions = positions_from_mask(attention_mask)
+        if segments is not None and cache is not None:
+            raise ValueError("segments are a setting of passes without a KV cache")
         total = T if cache is None else cache.keys.shape[2]
         if self.config.sliding_window is not None and total > self.config.sliding_window:
             raise UnsupportedConfigError(
@@ -284,7 +293,8 @@ class Transformer(nnx.Module):
         if cache is None:
             key_mask = attention_mask
             query_slots = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-            block = lambda h, lp: self._block(h, lp, positions, None, None, key_mask, query_slots, 0)[0]  # noqa: E731
+            block = lambda h, lp: self._block(h, lp, positions, None, None, key_mask, query_slots, 0,  # noqa: E731
+                                              segments=segments)[0]
             if self.remat != "none":
                 # the backward pass recomputes each block from its input, keeping only what the policy
                 # saves. Unrolled, XLA would merge the recomputation with the forward pass (CSE) and
@@ -371,7 +381,8 @@ class Transformer(nnx.Module):
         return hidden, LayerKVCache(tuple(keys), tuple(values), key_mask, cache.index + T)
 
     # ------------------------------------------------------------------ one block
-    def _block(self, x, lp, positions, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None):
+    def _block(self, x, lp, positions, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None,
+               segments=None):
         """Pre-norm attention + SwiGLU MLP. ``x`` [B, T, D]; ``lp`` this layer's parameters."""
         c, dt = self.config, self.dtype
         cast = lambda name: lp[name].astype(dt)
@@ -404,9 +415,10 @@ class Transformer(nnx.Module):
         if layer is None and cache_keys is not None and q.shape[1] == 1:
             attn = _attention_one_query(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)
         elif cache_keys is None and self.attention_chunk and q.shape[1] > self.attention_chunk:
-            attn = _chunked_causal_attention(q, k, v, key_mask, self.attention_chunk)
+            attn = _chunked_causal_attention(q, k, v, key_mask, self.attention_chunk, segments)
         else:
-            attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots)  # [B, T, H, hd]
+            attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots,  # [B, T, H, hd]
+                              segments, segments)
         out = self._proj(attn, lp, "wo")
         if c.o_bias:
             out = out + _lead(cast("bo"), 3)
@@ -434,28 +446,34 @@ class Transformer(nnx.Module):
         return y
 
 
-def _attention(q, k, v, key_mask, query_slots):
+def _attention(q, k, v, key_mask, query_slots, key_segments=None, query_segments=None):
     """Grouped-query causal attention over slots.
 
     q [B, T, H, hd]; k, v [B, S, KVH, hd]; key_mask [B, S] (1 = valid key); query_slots [B, T] (the
-    slot each query sits in; it sees keys in slots <= its own). Softmax in float32.
+    slot each query sits in; it sees keys in slots <= its own). With ``key_segments`` [B, S] and
+    ``query_segments`` [B, T], a query also sees only keys of segment 0 (a shared prefix) or of its
+    own segment (``Transformer.forward``'s ``segments``). Softmax in float32.
     """
     B, T, H, hd = q.shape
     S, KVH = k.shape[1], k.shape[2]
     q = q.reshape(B, T, KVH, H // KVH, hd)
     scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(hd)  # [B, KVH, G, T, S]
     visible = (key_mask[:, None, :] > 0) & (jnp.arange(S)[None, None, :] <= query_slots[:, :, None])  # [B, T, S]
+    if key_segments is not None:
+        kseg = key_segments[:, None, :]
+        visible = visible & ((kseg == 0) | (kseg == query_segments[:, :, None]))
     scores = jnp.where(visible[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
     return out.reshape(B, T, H, hd)
 
 
-def _chunked_causal_attention(q, k, v, key_mask, chunk: int):
+def _chunked_causal_attention(q, k, v, key_mask, chunk: int, segments=None):
     """:func:`_attention` of a pass without a cache (query ``t`` sees keys ``0..t``), ``chunk``
     queries at a time: the same numbers in ``O(chunk * T)`` memory instead of ``O(T^2)``.
 
-    q [B, T, H, hd]; k, v [B, T, KVH, hd]; key_mask [B, T]. The chunks run one after another in a
+    q [B, T, H, hd]; k, v [B, T, KVH, hd]; key_mask [B, T]; segments [B, T] or None (as
+    :func:`_attention`'s). The chunks run one after another in a
     ``lax.map``, each over the full row of keys (the causal mask as in :func:`_attention`; T is padded
     to a multiple of ``chunk``, the padded queries dropped). A first version looped in Python with
     static key slices (half the work of a causal pass), but XLA kept every chunk's scores alive at
@@ -475,8 +493,13 @@ def _chunked_causal_attention(q, k, v, key_mask, chunk: int):
     pad = n * chunk - T  # a short last chunk: padded queries, dropped below
     qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, n, chunk, H, hd).swapaxes(0, 1)
     slots = jnp.broadcast_to(jnp.arange(n * chunk, dtype=jnp.int32).reshape(n, 1, chunk), (n, B, chunk))
-    block = jax.checkpoint(lambda qc, sc: _attention(qc, k, v, key_mask, sc))
-    out = jax.lax.map(lambda xs: block(*xs), (qs, slots))  # [n, B, chunk, H, hd], one chunk after another
+    if segments is None:
+        block = jax.checkpoint(lambda qc, sc: _attention(qc, k, v, key_mask, sc))
+        out = jax.lax.map(lambda xs: block(*xs), (qs, slots))  # [n, B, chunk, H, hd], one chunk after another
+    else:
+        segs = jnp.pad(segments, ((0, 0), (0, pad))).reshape(B, n, chunk).swapaxes(0, 1)  # [n, B, chunk]
+        block = jax.checkpoint(lambda qc, sc, gc: _attention(qc, k, v, key_mask, sc, segments, gc))
+        out = jax.lax.map(lambda xs: block(*xs), (qs, slots, segs))
     return out.swapaxes(0, 1).reshape(B, n * chunk, H, hd)[:, :T]
 
 
