@@ -144,6 +144,8 @@ def main(argv=None) -> dict:
     t_rl = time.perf_counter()
     common = run.common(f"algorithm.mini_batches={p['mini_batches']}", "algorithm.reduction=token_mean",
                        "algorithm.advantage_scale=group")
+    if run.plan:  # the four methods have the same shapes; DAPO proper (clip-higher + dynamic sampling)
+        run.plan_and_exit(METHODS, common, [HIGH_DS])
     curves, cfg = ap.run_methods(spec, model_dir, out, METHODS, common, seeds, log=log)
     rl_seconds = time.perf_counter() - t_rl
 

@@ -118,6 +118,8 @@ def main(argv=None) -> dict:
     spec, model_dir, policy_stats = run.spec, run.model_dir, run.policy_stats
     t_rl = time.perf_counter()
     common = run.common("algorithm.mini_batches=1")
+    if run.plan:  # the three methods differ in loss settings only: the same shapes
+        run.plan_and_exit(METHODS, common, ["GRPO"])
     curves, cfg = ap.run_methods(spec, model_dir, out, METHODS, common, seeds, log=log)
     rl_seconds = time.perf_counter() - t_rl
 

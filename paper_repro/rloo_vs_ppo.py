@@ -359,6 +359,8 @@ def main(argv=None) -> dict:
     method_overrides = methods(p)
     # algorithm keys live in each method's list (naming the algorithm resets its section)
     common = [f"train.steps={steps}", f"optim.learning_rate={p['lr']}"]
+    if run.plan:  # PPO holds the most (a separate critic and its optimizer state, mu = 2 passes)
+        run.plan_and_exit(method_overrides, common, [next(m for m in method_overrides if m.startswith("PPO"))])
     note = ""
     if known.report_only:
         with open(os.path.join(out, "curves.json")) as f:
