@@ -31,7 +31,8 @@ those the update trained on (computed from `OnlineTrainer.last_rollouts`), and t
 Command:
     python paper_repro/dapo_clip_higher.py            # default preset, seeds 0 1 2
     python paper_repro/dapo_clip_higher.py --smoke    # seconds, for tests
-    python paper_repro/dapo_clip_higher.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/dapo_clip_higher.py --full     # toward the paper's scale: one H100
+    python paper_repro/dapo_clip_higher.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/dapo_clip_higher/<preset>/: results.md, curves.json, clip_higher.png,
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dr_grpo_length_bias.py).

@@ -11,6 +11,7 @@ exp(r/β), by self-normalised importance sampling from π_ref samples.
 Command (after the set-up fetch ``python paper_repro/_sentiment_corpus.py --fetch``):
 
     python paper_repro/dpo_sentiment_frontier.py [--smoke|--full] [--seeds 0 1 2] [--out DIR]
+    python paper_repro/dpo_sentiment_frontier.py --full --plan h100-1   # does --full fit one H100? (no GPU needed)
 
 Writes ``runs/paper_repro/dpo_sentiment_frontier/<preset>/``: ``results.md`` (the table beside
 the claim and a verdict line), ``frontier.png`` (reward vs KL: one point cloud and upper

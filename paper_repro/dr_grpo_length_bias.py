@@ -28,7 +28,8 @@ incorrect completions (from `OnlineTrainer.last_rollouts`; the engine logs only 
 Command:
     python paper_repro/dr_grpo_length_bias.py            # default preset, seeds 0 1 2
     python paper_repro/dr_grpo_length_bias.py --smoke    # seconds, for tests
-    python paper_repro/dr_grpo_length_bias.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/dr_grpo_length_bias.py --full     # toward the paper's scale: one H100
+    python paper_repro/dr_grpo_length_bias.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/dr_grpo_length_bias/<preset>/: results.md, curves.json, length_bias.png,
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dapo_clip_higher.py).

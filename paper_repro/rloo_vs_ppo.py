@@ -42,7 +42,8 @@ reference copy, critic and its optimizer state) in MB.
 Command:
     python paper_repro/rloo_vs_ppo.py            # default preset, seeds 0 1 2
     python paper_repro/rloo_vs_ppo.py --smoke    # seconds, for tests
-    python paper_repro/rloo_vs_ppo.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/rloo_vs_ppo.py --full     # toward the paper's scale: one H100
+    python paper_repro/rloo_vs_ppo.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/rloo_vs_ppo/<preset>/: results.md, curves.json, rloo_vs_ppo.png (reward, KL,
 clip fraction and step time per step), reward_vs_kl.png, config.json, environment.json; per-run
 folders under runs/. The pretrained policy is cached in runs/paper_repro/_cache/arith_policy/<hash>/

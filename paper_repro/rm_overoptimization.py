@@ -52,6 +52,7 @@ partly.
 Command (after the set-up fetch ``python paper_repro/_sentiment_corpus.py --fetch``):
 
     python paper_repro/rm_overoptimization.py [--smoke|--full] [--seeds 0 1 2] [--out DIR]
+    python paper_repro/rm_overoptimization.py --full --plan h100-1   # does --full fit one H100? (no GPU needed)
 
 Writes ``runs/paper_repro/rm_overoptimization/<preset>/``: ``results.md``, ``overoptimization.png``
 (gold and proxy vs d, best-of-n and RL, one line per RM size, the fitted forms dashed),
