@@ -31,8 +31,8 @@ XLA's GPU target description of the chip, ``rljax/gpu_specs/*.txtpb``, with no G
 devices: the CLI re-runs itself in a subprocess with ``--xla_force_host_platform_device_count=N``).
 
 A GPU compile gives no ``cost_analysis()`` and never refuses a program for its size: the roofline
-then uses the analytic FLOPs alone (no bytes term for the first pass; the decode loop keeps its
-weights + KV cache term), and "fits" compares arguments + outputs + temporaries per device with the
+then uses the analytic FLOPs, and for the first pass's bytes arguments + outputs + twice the
+temporaries (a lower bound; the decode loop keeps its weights + KV cache term), and "fits" compares arguments + outputs + temporaries per device with the
 memory JAX's GPU allocator may use: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (default 0.75) of the GPU's.
 """
 
@@ -708,7 +708,10 @@ def _roofline(p: ProgramReport, spec: ChipSpec, n: int) -> None:
     peak, or its bytes accessed at the memory bandwidth, whichever is longer; plus, for the sampler,
     each further decode step the same way over the weights and KV cache it reads."""
     flops = max(p.analytic_flops / n, p.flops or 0.0)
-    first_c, first_m = flops / spec.peak_flops, (p.bytes_accessed or 0.0) / spec.memory_bandwidth
+    # no cost analysis (GPU targets): every argument read and output written once, every temporary
+    # written and read once, a lower bound on the bytes the program moves
+    moved = p.bytes_accessed if p.bytes_accessed else p.argument_bytes + p.output_bytes + 2 * p.temp_bytes
+    first_c, first_m = flops / spec.peak_flops, moved / spec.memory_bandwidth
     decode_c = p.decode_steps * p.decode_flops / n / spec.peak_flops
     decode_m = p.decode_steps * p.decode_bytes / spec.memory_bandwidth
     p.time_s = max(first_c, first_m) + max(decode_c, decode_m)
@@ -781,8 +784,9 @@ def format_report(report: PlanReport) -> str:
                      "(the share JAX's allocator takes: XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75; or "
                      "--memory-gib). A GPU compile checks no sizes: 'fits' is the table's total against this")
     if any(p.flops is None and not p.oom for p in report.programs):
-        lines.append("XLA gave no cost analysis for this target: FLOPs and the roofline are analytic only (no "
-                     "bytes-accessed term for the first pass)")
+        lines.append("XLA gave no cost analysis for this target: FLOPs are analytic only, and the roofline's bytes "
+                     "for the first pass are arguments + outputs + twice the temporaries (each read or written "
+                     "once: a lower bound)")
     lines += ["",
              "| program | resident state | other arguments | outputs | temporaries | total / chip | of memory | fits |",
              "|---|---|---|---|---|---|---|---|"]
