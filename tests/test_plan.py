@@ -187,7 +187,12 @@ def test_plan_h100_8_compiles_without_a_gpu(plan_config, tmp_path):
     # the same per-device shards as on the CPU mesh: parameters, AdamW moments and steps, the batch
     assert programs["update"]["argument_bytes"] == 3 * _per_chip_param_bytes() + 8 * 2 * 16 * 4 + 2 * 4
     assert programs["update"]["collectives"].get("all-gather", 0) > 0
-    assert programs["update"]["flops"] is None  # no cost analysis for GPU targets: the analytic count stands
+    update = programs["update"]
+    assert update["flops"] is None  # no cost analysis for GPU targets: the analytic count stands
+    # ... and the roofline's bytes: each argument and output moved once, each temporary twice (a lower bound)
+    moved = update["argument_bytes"] + update["output_bytes"] + 2 * update["temp_bytes"]
+    compute = update["analytic_flops"] / 8 / report["chip"]["peak_flops"]
+    assert update["time_s"] == pytest.approx(max(compute, moved / report["chip"]["memory_bandwidth"]), rel=1e-9)
     assert "no cost analysis for this target" in proc.stdout and "FITS" in proc.stdout
 
 
