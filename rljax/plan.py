@@ -739,6 +739,9 @@ def _advice(report: PlanReport, cfg) -> list[str]:
         state.append("shard parameters and optimizer state over more devices: mesh.fsdp=-1 (all devices not on "
                      "mesh.data / mesh.tensor), mesh.data=1")
     state.append("a larger target (more chips to shard over)")
+    if report.target.platform == "cuda" and _gpu_memory_fraction() < 0.9:
+        state.append("XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 when planning and training (JAX's allocator takes "
+                     f"{_gpu_memory_fraction():.0%} of each GPU now)")
     if not cfg.model.lora_rank:
         state.append("model.lora_rank=16 (train adapters: no full-size gradients or optimizer state)")
     if cfg.model.dtype == "float32":
