@@ -37,6 +37,11 @@ Writes runs/paper_repro/dapo_clip_higher/<preset>/: results.md, curves.json, cli
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dr_grpo_length_bias.py).
 
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): clip-higher + dynamic sampling (the four methods share shapes)
+fits, peak 0.68 GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in
+the sampler.
+
 Hardware and run time: a shared 2-core CPU (jax CPU backend); default preset measured at
 19.9 min for the 12 RL runs (4 methods x 3 seeds x 150 steps; dynamic sampling up to
 3 sampling rounds a step) on a quiet machine, plus 1.0 min of pretraining the first time (cached

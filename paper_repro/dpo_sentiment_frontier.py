@@ -45,6 +45,10 @@ The pipeline, top to bottom (``main``):
    paired (same seed) difference DPO − PPO. Verdict: "yes" if at every budget DPO − PPO ≥ −1
    standard error, "no" if at every budget DPO − PPO < −1 standard error, else "partly".
 
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): DPO and PPO both fit, peak 0.55 GiB per GPU of the 59.33 GiB JAX's
+allocator takes (75 % of the 79.11 GiB GPU), in DPO's update (PPO 0.30 GiB).
+
 Hardware and run time: the default preset (3 seeds) took 9.8 min on a quiet 2-core CPU (per seed:
 reference pools and pairs ~20 s, 4 DPO runs ~10-15 s each, 4 PPO runs ~25-40 s each, with
 evaluations), including 46 s to pretrain π_ref (cached afterwards); each run's time is in its

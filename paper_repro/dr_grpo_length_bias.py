@@ -34,6 +34,10 @@ Writes runs/paper_repro/dr_grpo_length_bias/<preset>/: results.md, curves.json, 
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dapo_clip_higher.py).
 
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): GRPO (the three methods share shapes) fits, peak 2.21 GiB per GPU
+of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in the update.
+
 Hardware and run time: a shared 2-core CPU (jax CPU backend); default preset measured at
 6.3 min for the 9 RL runs (3 methods x 3 seeds x 200 steps, about 0.2 s a step) on a quiet
 machine, plus 1.0 min of pretraining the first time (cached afterwards).

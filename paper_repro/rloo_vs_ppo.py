@@ -49,6 +49,10 @@ clip fraction and step time per step), reward_vs_kl.png, config.json, environmen
 folders under runs/. The pretrained policy is cached in runs/paper_repro/_cache/arith_policy/<hash>/
 (shared with the other arithmetic reproductions).
 
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): PPO with its separate critic (the largest method) fits, peak 1.15
+GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in the update.
+
 Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (24 RL runs: 8
 methods x 3 seeds x 120 steps) took 65.4 min while other jobs loaded the machine (load average
 6-14; the first seed alone took 18 min), plus 1.9 min of pretraining the first time (cached
