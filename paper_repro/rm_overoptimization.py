@@ -58,6 +58,12 @@ Writes ``runs/paper_repro/rm_overoptimization/<preset>/``: ``results.md``, ``ove
 (gold and proxy vs d, best-of-n and RL, one line per RM size, the fitted forms dashed),
 ``curves.json``, ``config.json``, ``environment.json``.
 
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): the reward-model training and the GRPO run both fit, peak 1.96
+GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in GRPO's update
+(the reward model's 0.47 GiB; the proxy RM the GRPO run scores with, another copy of the 6-layer
+trunk, is not in the plan).
+
 Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (3 seeds) took
 23.3 min while other jobs loaded the machine (load average ~9; per seed: pairs ~0.5-1.3 min, four
 RMs ~1-3 min, best-of-n pool ~45 s, four 300-step GRPO runs with evaluations ~1-1.6 min each), plus
