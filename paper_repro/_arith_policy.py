@@ -442,6 +442,8 @@ def parse_args(name: str, description: str, argv: Sequence[str] | None):
     p.add_argument("--steps", type=int, help="RL steps per run (default: the preset's)")
     p.add_argument("--out", help=f"output folder (default runs/paper_repro/{name}/<preset>)")
     p.add_argument("--cache", help="pretrained-policy cache (default runs/paper_repro/_cache)")
+    p.add_argument("--plan", metavar="TARGET", help="no training: `rljax plan` the preset's largest run for TARGET "
+                   "(h100-1, v5e-4, cpu-N, ...; paper_repro/_plan.py) and exit with its status")
     args = p.parse_args(argv)
     args.preset = "smoke" if args.smoke else "full" if args.full else "default"
     args.out = os.path.abspath(args.out or os.path.join(repo_root(), "runs", "paper_repro", name, args.preset))
@@ -519,6 +521,7 @@ class Setup:
     spec: PolicySpec
     model_dir: str
     policy_stats: dict
+    plan: str | None = None  # --plan TARGET: model_dir holds only config.json; see plan_and_exit
 
     def report(self, *, title: str, description: str, table: str, verdict: str, plot_name: str,
                rl_seconds: float, meta: dict) -> str:
@@ -537,6 +540,18 @@ class Setup:
                 f"algorithm.prompts_per_step={p['prompts']}", f"algorithm.num_iterations={p.get('iterations', 1)}",
                 "algorithm.kl_coef=0.0", f"optim.learning_rate={p['lr']}", *extra]
 
+    def plan_and_exit(self, methods: dict[str, Sequence[str]], common: Sequence[str], labels: Sequence[str]):
+        """With ``--plan TARGET``: ``rljax plan`` the runs of the methods ``labels`` (the preset's
+        largest) on the untrained policy's shapes, and exit with its status (0: all fit)."""
+        from paper_repro._plan import plan_runs
+
+        prompts_dir = os.path.dirname(self.model_dir)
+        runs = [(f"{label} ({self.preset} preset)",
+                 rl_config(self.spec, self.model_dir, prompts_dir, os.path.join(self.out, "plan", slug(label)),
+                           [*common, *methods[label]]))
+                for label in labels]
+        raise SystemExit(plan_runs(runs, self.plan, log=self.log))
+
 
 def setup(name: str, description: str, argv: Sequence[str] | None, presets: dict[str, dict]) -> Setup:
     """Parse the command line, open the log, pretrain (or load) the preset's policy."""
@@ -544,10 +559,18 @@ def setup(name: str, description: str, argv: Sequence[str] | None, presets: dict
     p = dict(presets[args.preset])
     log = file_logger(args.out)
     t_start = time.perf_counter()
-    model_dir, stats = pretrain_policy(p["spec"], args.cache, log=log)
+    if args.plan:  # shapes only: the preset's untrained policy, no pretraining
+        from paper_repro._plan import config_only_model_dir
+        from rljax.models.tiny import BYTE_VOCAB_SIZE, tiny_config
+
+        spec = p["spec"]
+        model_dir, stats = config_only_model_dir(os.path.join(args.out, "plan"), tiny_config(
+            BYTE_VOCAB_SIZE, layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads)), {}
+    else:
+        model_dir, stats = pretrain_policy(p["spec"], args.cache, log=log)
     return Setup(preset=args.preset, out=args.out, p=p, seeds=tuple(args.seeds) if args.seeds else p["seeds"],
                  steps=args.steps or p["steps"], log=log, t_start=t_start, spec=p["spec"], model_dir=model_dir,
-                 policy_stats=stats)
+                 policy_stats=stats, plan=args.plan)
 
 
 def clearly_positive(values: Sequence[float]) -> str:

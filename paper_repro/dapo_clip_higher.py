@@ -31,10 +31,16 @@ those the update trained on (computed from `OnlineTrainer.last_rollouts`), and t
 Command:
     python paper_repro/dapo_clip_higher.py            # default preset, seeds 0 1 2
     python paper_repro/dapo_clip_higher.py --smoke    # seconds, for tests
-    python paper_repro/dapo_clip_higher.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/dapo_clip_higher.py --full     # toward the paper's scale: one H100
+    python paper_repro/dapo_clip_higher.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/dapo_clip_higher/<preset>/: results.md, curves.json, clip_higher.png,
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dr_grpo_length_bias.py).
+
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): clip-higher + dynamic sampling (the four methods share shapes)
+fits, peak 0.68 GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in
+the sampler.
 
 Hardware and run time: a shared 2-core CPU (jax CPU backend); default preset measured at
 19.9 min for the 12 RL runs (4 methods x 3 seeds x 150 steps; dynamic sampling up to
@@ -144,6 +150,8 @@ def main(argv=None) -> dict:
     t_rl = time.perf_counter()
     common = run.common(f"algorithm.mini_batches={p['mini_batches']}", "algorithm.reduction=token_mean",
                        "algorithm.advantage_scale=group")
+    if run.plan:  # the four methods have the same shapes; DAPO proper (clip-higher + dynamic sampling)
+        run.plan_and_exit(METHODS, common, [HIGH_DS])
     curves, cfg = ap.run_methods(spec, model_dir, out, METHODS, common, seeds, log=log)
     rl_seconds = time.perf_counter() - t_rl
 

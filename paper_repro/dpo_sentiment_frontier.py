@@ -11,6 +11,7 @@ exp(r/β), by self-normalised importance sampling from π_ref samples.
 Command (after the set-up fetch ``python paper_repro/_sentiment_corpus.py --fetch``):
 
     python paper_repro/dpo_sentiment_frontier.py [--smoke|--full] [--seeds 0 1 2] [--out DIR]
+    python paper_repro/dpo_sentiment_frontier.py --full --plan h100-1   # does --full fit one H100? (no GPU needed)
 
 Writes ``runs/paper_repro/dpo_sentiment_frontier/<preset>/``: ``results.md`` (the table beside
 the claim and a verdict line), ``frontier.png`` (reward vs KL: one point cloud and upper
@@ -43,6 +44,10 @@ The pipeline, top to bottom (``main``):
    5, 10 nats (mean ± std over seeds; the reference point, KL 0, counts for every method), and the
    paired (same seed) difference DPO − PPO. Verdict: "yes" if at every budget DPO − PPO ≥ −1
    standard error, "no" if at every budget DPO − PPO < −1 standard error, else "partly".
+
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): DPO and PPO both fit, peak 0.55 GiB per GPU of the 59.33 GiB JAX's
+allocator takes (75 % of the 79.11 GiB GPU), in DPO's update (PPO 0.30 GiB).
 
 Hardware and run time: the default preset (3 seeds) took 9.8 min on a quiet 2-core CPU (per seed:
 reference pools and pairs ~20 s, 4 DPO runs ~10-15 s each, 4 PPO runs ~25-40 s each, with
@@ -286,16 +291,10 @@ def _run_config(d: dict[str, Any]):
     return from_yaml(RunConfig, json.dumps(d))  # JSON is YAML
 
 
-def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: Preset, work: Path,
-            evaluate, log) -> list[dict[str, Any]]:
-    """Train DPO step by step; ``evaluate(policy, ref)`` every ``dpo_eval_every`` steps and at the end."""
-    import jax
-    import jax.numpy as jnp
-
-    from rljax.training import OfflineTrainer
-
+def dpo_config(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: Preset, work: Path):
+    """The RunConfig of one DPO run (``dpo_run``)."""
     p = preset.pretrain
-    cfg = _run_config({
+    return _run_config({
         "model": {"name": str(ref_dir)},
         "data": {"task": "", "path": str(pairs_path), "chat": False, "max_prompt_length": 32, "too_long": "filter",
                  "train_size": 0, "eval_size": 0, "eval_fraction": 0.0},
@@ -304,7 +303,54 @@ def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: 
         "optim": {"learning_rate": preset.dpo_lr, "schedule": "constant"},
         "train": {"seed": seed, "run_dir": str(work / f"dpo_beta{beta}_seed{seed}"), "progress": False, "save_model": False},
     })
-    trainer = OfflineTrainer(cfg)
+
+
+def ppo_config(ref_dir: Path, prompts_path: Path, *, kl_coef: float, seed: int, preset: Preset, work: Path):
+    """The RunConfig of one PPO run (``ppo_run``): a value head on the policy, KL in the reward."""
+    p = preset.pretrain
+    return _run_config({
+        "model": {"name": str(ref_dir)},
+        "data": {"task": "", "path": str(prompts_path), "answer_column": "", "chat": False, "max_prompt_length": 32,
+                 "too_long": "filter", "train_size": 100_000, "eval_size": 0, "eval_fraction": 0.0},
+        "sampling": {"max_new_tokens": p.max_response_tokens, "temperature": 1.0},
+        "algorithm": {"name": "ppo", "group_size": 1, "prompts_per_step": preset.ppo_prompts_per_step,
+                      "num_iterations": preset.ppo_iterations, "mini_batches": preset.ppo_mini_batches,
+                      "kl_coef": kl_coef, "vf_coef": 0.1, "whiten_advantages": True},
+        "rewards": {"sentiment": 1.0},
+        "optim": {"learning_rate": preset.ppo_lr, "schedule": "constant"},
+        "train": {"seed": seed, "steps": preset.ppo_steps, "run_dir": str(work / f"ppo_kl{kl_coef}_seed{seed}"),
+                  "progress": False},
+    })
+
+
+def plan_runs(preset: Preset, preset_name: str, out: Path, target: str, log) -> int:
+    """``--plan TARGET``: ``rljax plan`` a DPO and a PPO run of the preset (the untrained reference's
+    shapes, ``paper_repro/_plan.py``); the worst exit status."""
+    from _plan import config_only_model_dir
+    from _plan import plan_runs as plan
+
+    from rljax.models.tiny import tiny_config
+
+    p = preset.pretrain
+    ref_dir = Path(config_only_model_dir(str(out / "plan"), tiny_config(
+        p.vocab_size, layers=p.layers, hidden=p.hidden, heads=p.heads, kv_heads=p.kv_heads)))
+    work = out / "plan"
+    return plan([(f"DPO ({preset_name} preset)", dpo_config(ref_dir, work / "pairs.jsonl", beta=preset.dpo_betas[0],
+                                                            seed=0, preset=preset, work=work)),
+                 (f"PPO ({preset_name} preset)", ppo_config(ref_dir, work / "prompts.jsonl",
+                                                            kl_coef=preset.ppo_kl_coefs[0], seed=0, preset=preset,
+                                                            work=work))], target, log=log)
+
+
+def dpo_run(ref_dir: Path, pairs_path: Path, *, beta: float, seed: int, preset: Preset, work: Path,
+            evaluate, log) -> list[dict[str, Any]]:
+    """Train DPO step by step; ``evaluate(policy, ref)`` every ``dpo_eval_every`` steps and at the end."""
+    import jax
+    import jax.numpy as jnp
+
+    from rljax.training import OfflineTrainer
+
+    trainer = OfflineTrainer(dpo_config(ref_dir, pairs_path, beta=beta, seed=seed, preset=preset, work=work))
     # π_ref: the parameters before any update (copied: the update donates the policy's buffers)
     ref = jax.tree.map(jnp.copy, trainer.run.policy.params)
     points = []
@@ -329,21 +375,7 @@ def ppo_run(ref_dir: Path, prompts_path: Path, *, kl_coef: float, seed: int, pre
 
     from rljax.training import OnlineTrainer
 
-    p = preset.pretrain
-    cfg = _run_config({
-        "model": {"name": str(ref_dir)},
-        "data": {"task": "", "path": str(prompts_path), "answer_column": "", "chat": False, "max_prompt_length": 32,
-                 "too_long": "filter", "train_size": 100_000, "eval_size": 0, "eval_fraction": 0.0},
-        "sampling": {"max_new_tokens": p.max_response_tokens, "temperature": 1.0},
-        "algorithm": {"name": "ppo", "group_size": 1, "prompts_per_step": preset.ppo_prompts_per_step,
-                      "num_iterations": preset.ppo_iterations, "mini_batches": preset.ppo_mini_batches,
-                      "kl_coef": kl_coef, "vf_coef": 0.1, "whiten_advantages": True},
-        "rewards": {"sentiment": 1.0},
-        "optim": {"learning_rate": preset.ppo_lr, "schedule": "constant"},
-        "train": {"seed": seed, "steps": preset.ppo_steps, "run_dir": str(work / f"ppo_kl{kl_coef}_seed{seed}"),
-                  "progress": False},
-    })
-    trainer = OnlineTrainer(cfg)
+    trainer = OnlineTrainer(ppo_config(ref_dir, prompts_path, kl_coef=kl_coef, seed=seed, preset=preset, work=work))
     # π_ref: the parameters before any update (copied: the update donates the policy's buffers)
     ref = jax.tree.map(jnp.copy, trainer.run.reference())
     points = []
@@ -565,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the preset's)")
     parser.add_argument("--out", help=f"output folder (default runs/paper_repro/{NAME}/<preset>)")
     parser.add_argument("--cache", help="folder of the cached reference policy (default runs/paper_repro/_cache)")
+    parser.add_argument("--plan", metavar="TARGET", help="no training: `rljax plan` the preset's DPO and PPO runs for "
+                        "TARGET (h100-1, v5e-4, cpu-N, ...; paper_repro/_plan.py) and exit with its status")
     args = parser.parse_args(argv)
     preset_name = "smoke" if args.smoke else "full" if args.full else "default"
     preset = PRESETS[preset_name]
@@ -578,6 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
         log_lines.append(msg)
+
+    if args.plan:
+        raise SystemExit(plan_runs(preset, preset_name, out, args.plan, log))
 
     from rljax.reporting import save_run_metadata, write_json
 

@@ -28,10 +28,15 @@ incorrect completions (from `OnlineTrainer.last_rollouts`; the engine logs only 
 Command:
     python paper_repro/dr_grpo_length_bias.py            # default preset, seeds 0 1 2
     python paper_repro/dr_grpo_length_bias.py --smoke    # seconds, for tests
-    python paper_repro/dr_grpo_length_bias.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/dr_grpo_length_bias.py --full     # toward the paper's scale: one H100
+    python paper_repro/dr_grpo_length_bias.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/dr_grpo_length_bias/<preset>/: results.md, curves.json, length_bias.png,
 config.json, environment.json; per-run folders under runs/. The pretrained policy is cached in
 runs/paper_repro/_cache/arith_policy/<hash>/ (shared with dapo_clip_higher.py).
+
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): GRPO (the three methods share shapes) fits, peak 2.21 GiB per GPU
+of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in the update.
 
 Hardware and run time: a shared 2-core CPU (jax CPU backend); default preset measured at
 6.3 min for the 9 RL runs (3 methods x 3 seeds x 200 steps, about 0.2 s a step) on a quiet
@@ -118,6 +123,8 @@ def main(argv=None) -> dict:
     spec, model_dir, policy_stats = run.spec, run.model_dir, run.policy_stats
     t_rl = time.perf_counter()
     common = run.common("algorithm.mini_batches=1")
+    if run.plan:  # the three methods differ in loss settings only: the same shapes
+        run.plan_and_exit(METHODS, common, ["GRPO"])
     curves, cfg = ap.run_methods(spec, model_dir, out, METHODS, common, seeds, log=log)
     rl_seconds = time.perf_counter() - t_rl
 

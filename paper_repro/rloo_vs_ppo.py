@@ -42,11 +42,16 @@ reference copy, critic and its optimizer state) in MB.
 Command:
     python paper_repro/rloo_vs_ppo.py            # default preset, seeds 0 1 2
     python paper_repro/rloo_vs_ppo.py --smoke    # seconds, for tests
-    python paper_repro/rloo_vs_ppo.py --full     # toward the paper's scale (GPU/TPU)
+    python paper_repro/rloo_vs_ppo.py --full     # toward the paper's scale: one H100
+    python paper_repro/rloo_vs_ppo.py --full --plan h100-1  # does it fit? (rljax plan, no GPU needed)
 Writes runs/paper_repro/rloo_vs_ppo/<preset>/: results.md, curves.json, rloo_vs_ppo.png (reward, KL,
 clip fraction and step time per step), reward_vs_kl.png, config.json, environment.json; per-run
 folders under runs/. The pretrained policy is cached in runs/paper_repro/_cache/arith_policy/<hash>/
 (shared with the other arithmetic reproductions).
+
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): PPO with its separate critic (the largest method) fits, peak 1.15
+GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in the update.
 
 Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (24 RL runs: 8
 methods x 3 seeds x 120 steps) took 65.4 min while other jobs loaded the machine (load average
@@ -359,6 +364,8 @@ def main(argv=None) -> dict:
     method_overrides = methods(p)
     # algorithm keys live in each method's list (naming the algorithm resets its section)
     common = [f"train.steps={steps}", f"optim.learning_rate={p['lr']}"]
+    if run.plan:  # PPO holds the most (a separate critic and its optimizer state, mu = 2 passes)
+        run.plan_and_exit(method_overrides, common, [next(m for m in method_overrides if m.startswith("PPO"))])
     note = ""
     if known.report_only:
         with open(os.path.join(out, "curves.json")) as f:

@@ -52,10 +52,17 @@ partly.
 Command (after the set-up fetch ``python paper_repro/_sentiment_corpus.py --fetch``):
 
     python paper_repro/rm_overoptimization.py [--smoke|--full] [--seeds 0 1 2] [--out DIR]
+    python paper_repro/rm_overoptimization.py --full --plan h100-1   # does --full fit one H100? (no GPU needed)
 
 Writes ``runs/paper_repro/rm_overoptimization/<preset>/``: ``results.md``, ``overoptimization.png``
 (gold and proxy vs d, best-of-n and RL, one line per RM size, the fitted forms dashed),
 ``curves.json``, ``config.json``, ``environment.json``.
+
+The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan with the cuda
+extra, no GPU needed; 2026-11-24): the reward-model training and the GRPO run both fit, peak 1.96
+GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in GRPO's update
+(the reward model's 0.47 GiB; the proxy RM the GRPO run scores with, another copy of the 6-layer
+trunk, is not in the plan).
 
 Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (3 seeds) took
 23.3 min while other jobs loaded the machine (load average ~9; per seed: pairs ~0.5-1.3 min, four
@@ -288,14 +295,10 @@ def gold_pairs(prompts: Sequence[str], texts: Sequence[str], gold: np.ndarray, s
     return pairs
 
 
-def train_reward_model(ref_dir: Path, pairs_path: Path, eval_path: Path, *, seed: int, preset: Preset, run_dir: Path,
-                       log) -> tuple[Path, dict[str, float]]:
-    """A Bradley-Terry RM on π_ref's trunk; returns its exported model directory and its held-out
-    accuracy / margin before and after training."""
-    from rljax.training import OfflineTrainer
-
+def rm_config(ref_dir: Path, pairs_path: Path, eval_path: Path, *, seed: int, preset: Preset, run_dir: Path):
+    """The RunConfig of one proxy reward model's training (``train_reward_model``)."""
     p = preset.pretrain
-    cfg = _run_config({
+    return _run_config({
         "model": {"name": str(ref_dir)},
         "data": {"task": "", "path": str(pairs_path), "eval_path": str(eval_path), "chat": False,
                  "max_prompt_length": 32, "too_long": "filter", "train_size": 0, "eval_size": preset.rm_eval_pairs},
@@ -305,6 +308,55 @@ def train_reward_model(ref_dir: Path, pairs_path: Path, eval_path: Path, *, seed
         "optim": {"learning_rate": preset.rm_lr, "schedule": "cosine", "warmup_steps": 5},
         "train": {"seed": seed, "run_dir": str(run_dir), "progress": False, "save_model": True},
     })
+
+
+def rl_config(ref_dir: Path, prompts_path: Path, rm_dir: Path, *, seed: int, preset: Preset, work: Path):
+    """The RunConfig of one GRPO run on a proxy RM (``rl_run``)."""
+    p = preset.pretrain
+    return _run_config({
+        "model": {"name": str(ref_dir)},
+        "data": {"task": "", "path": str(prompts_path), "answer_column": "", "chat": False, "max_prompt_length": 32,
+                 "too_long": "filter", "train_size": 100_000, "eval_size": 0, "eval_fraction": 0.0},
+        "sampling": {"max_new_tokens": p.max_response_tokens, "temperature": 1.0},
+        "algorithm": {"name": "grpo", "group_size": preset.rl_group, "prompts_per_step": preset.rl_prompts_per_step,
+                      "kl_coef": preset.rl_kl_coef},
+        "rewards": {"proxy": {"type": "reward_model", "path": str(rm_dir), "weight": 1.0,
+                              "batch_size": preset.rl_prompts_per_step * preset.rl_group},
+                    "gold": {"type": "sentiment", "weight": 0.0}},
+        "optim": {"learning_rate": preset.rl_lr, "schedule": "constant"},
+        "train": {"seed": seed, "steps": preset.rl_steps, "run_dir": str(work / f"rl_{rm_dir.parent.name}"),
+                  "progress": False, "save_model": False},
+    })
+
+
+def plan_runs(preset: Preset, preset_name: str, out: Path, target: str, log) -> int:
+    """``--plan TARGET``: ``rljax plan`` the preset's reward-model training and its GRPO run (the
+    untrained reference's shapes, ``paper_repro/_plan.py``; the proxy RM the GRPO run scores with
+    is not part of the plan); the worst exit status."""
+    from _plan import config_only_model_dir
+    from _plan import plan_runs as plan
+
+    from rljax.models.tiny import tiny_config
+
+    p = preset.pretrain
+    work = out / "plan"
+    ref_dir = Path(config_only_model_dir(str(work), tiny_config(
+        p.vocab_size, layers=p.layers, hidden=p.hidden, heads=p.heads, kv_heads=p.kv_heads)))
+    return plan([(f"reward model ({preset_name} preset)",
+                  rm_config(ref_dir, work / "pairs.jsonl", work / "eval_pairs.jsonl", seed=0, preset=preset,
+                            run_dir=work / "rm")),
+                 (f"GRPO on the proxy ({preset_name} preset)",
+                  rl_config(ref_dir, work / "prompts.jsonl", work / "rm" / "model", seed=0, preset=preset,
+                            work=work))], target, log=log)
+
+
+def train_reward_model(ref_dir: Path, pairs_path: Path, eval_path: Path, *, seed: int, preset: Preset, run_dir: Path,
+                       log) -> tuple[Path, dict[str, float]]:
+    """A Bradley-Terry RM on π_ref's trunk; returns its exported model directory and its held-out
+    accuracy / margin before and after training."""
+    from rljax.training import OfflineTrainer
+
+    cfg = rm_config(ref_dir, pairs_path, eval_path, seed=seed, preset=preset, run_dir=run_dir)
     t0 = time.perf_counter()
     trainer = OfflineTrainer(cfg)
     summary = trainer.fit()
@@ -327,21 +379,7 @@ def rl_run(ref_dir: Path, prompts_path: Path, rm_dir: Path, *, seed: int, preset
 
     from rljax.training import OnlineTrainer
 
-    p = preset.pretrain
-    cfg = _run_config({
-        "model": {"name": str(ref_dir)},
-        "data": {"task": "", "path": str(prompts_path), "answer_column": "", "chat": False, "max_prompt_length": 32,
-                 "too_long": "filter", "train_size": 100_000, "eval_size": 0, "eval_fraction": 0.0},
-        "sampling": {"max_new_tokens": p.max_response_tokens, "temperature": 1.0},
-        "algorithm": {"name": "grpo", "group_size": preset.rl_group, "prompts_per_step": preset.rl_prompts_per_step,
-                      "kl_coef": preset.rl_kl_coef},
-        "rewards": {"proxy": {"type": "reward_model", "path": str(rm_dir), "weight": 1.0,
-                              "batch_size": preset.rl_prompts_per_step * preset.rl_group},
-                    "gold": {"type": "sentiment", "weight": 0.0}},
-        "optim": {"learning_rate": preset.rl_lr, "schedule": "constant"},
-        "train": {"seed": seed, "steps": preset.rl_steps, "run_dir": str(work / f"rl_{rm_dir.parent.name}"),
-                  "progress": False, "save_model": False},
-    })
+    cfg = rl_config(ref_dir, prompts_path, rm_dir, seed=seed, preset=preset, work=work)
     trainer = OnlineTrainer(cfg)
     # π_ref: the parameters before any update (copied: the update donates the policy's buffers)
     ref = jax.tree.map(jnp.copy, trainer.run.policy.params)
@@ -650,6 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the preset's)")
     parser.add_argument("--out", help=f"output folder (default runs/paper_repro/{NAME}/<preset>)")
     parser.add_argument("--cache", help="folder of the cached reference policy (default runs/paper_repro/_cache)")
+    parser.add_argument("--plan", metavar="TARGET", help="no training: `rljax plan` the preset's reward-model "
+                        "training and GRPO run for TARGET (h100-1, v5e-4, cpu-N, ...; paper_repro/_plan.py) and "
+                        "exit with its status")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild results.md, the plot and the summary from OUT/curves.json (no training)")
     args = parser.parse_args(argv)
@@ -664,6 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    if args.plan:
+        raise SystemExit(plan_runs(preset, preset_name, out, args.plan, log))
     if args.report_only:
         with open(out / "curves.json") as f:
             saved = json.load(f)

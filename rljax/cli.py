@@ -492,13 +492,14 @@ def _add_plan(sub) -> None:
         "shapes alone (the model's config.json; no weights), and print per chip the bytes of arguments, outputs "
         "and temporaries against the chip's memory, FLOPs (XLA's and analytic), the collectives, and a roofline "
         "step time and MFU (rljax/plan.py). Exit status 1 when the run does not fit, with what to change. TPU "
-        "targets need the tpu extra (pip install -e '.[tpu]').",
+        "targets need the tpu extra (pip install -e '.[tpu]'), GPU targets the cuda extra (pip install -e "
+        "'.[cuda]'); neither needs the accelerator.",
     )
     p.add_argument("config", help="YAML file, e.g. configs/accel/grpo_qwen2.5_1.5b_v5e16.yaml")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config (e.g. mesh.fsdp=8)")
     p.add_argument("--target", required=True, metavar="NAME",
-                   help="v5e-4 ... v5e-256, v6e-N, v4-8 ..., v5p-8 ..., cpu (this process's CPU devices) or cpu-N "
-                   "(N simulated CPU devices)")
+                   help="v5e-4 ... v5e-256, v6e-N, v4-8 ..., v5p-8 ...; h100-N, h200-N, a100-N (N GPUs: 1, 2, 4, 8, "
+                   "or nodes of 8: 16, 32, 64); cpu (this process's CPU devices) or cpu-N (N simulated CPU devices)")
     p.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
                    help="the memory per chip to fit in (default: the target chip's)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON to PATH")

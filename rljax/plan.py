@@ -24,8 +24,16 @@ steps also wait on collectives and on the host). A program that does not fit (XL
 
 Targets (:data:`TARGETS`): TPU slices by their Cloud names (``v5e-4`` ... ``v5e-256``, ``v4-8`` ...,
 ``v5p-8`` ..., ``v6e-4`` ...; topologies as in maxtext's ``accelerator_to_spec_map.py``; needs the
-``tpu`` extra, ``pip install -e '.[tpu]'``), and ``cpu`` / ``cpu-N`` (this machine's CPU as N
+``tpu`` extra, ``pip install -e '.[tpu]'``); NVIDIA GPUs by chip and count (``h100-1`` ... ``h100-8``,
+``h100-16`` = 2 nodes × 8, likewise ``h200-N`` and ``a100-N``; compiled by the CUDA PJRT plugin from
+XLA's GPU target description of the chip, ``rljax/gpu_specs/*.txtpb``, with no GPU present; needs the
+``cuda`` extra, ``pip install -e '.[cuda]'``); and ``cpu`` / ``cpu-N`` (this machine's CPU as N
 devices: the CLI re-runs itself in a subprocess with ``--xla_force_host_platform_device_count=N``).
+
+A GPU compile gives no ``cost_analysis()`` and never refuses a program for its size: the roofline
+then uses the analytic FLOPs, and for the first pass's bytes arguments + outputs + twice the
+temporaries (a lower bound; the decode loop keeps its weights + KV cache term), and "fits" compares arguments + outputs + temporaries per device with the
+memory JAX's GPU allocator may use: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (default 0.75) of the GPU's.
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ from rljax.errors import UserError
 
 __all__ = ["TARGETS", "ChipSpec", "Target", "ProgramReport", "PlanReport", "get_target", "target_devices",
            "model_config_for", "analytic_flops", "count_collectives", "plan_run", "format_report",
-           "LIBTPU_MISSING", "replication_fallbacks"]
+           "LIBTPU_MISSING", "CUDA_PLUGIN_MISSING", "replication_fallbacks", "usable_memory",
+           "cuda_plugin_installed"]
 
 GiB = 1024 ** 3
 
@@ -69,7 +78,21 @@ CHIPS: dict[str, ChipSpec] = {
     "v5p": ChipSpec("TPU v5p", 95 * GiB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
     "v6e": ChipSpec("TPU v6e", 32 * GiB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e"),
     "cpu": ChipSpec("CPU (host)", 0, 150e9, 20e9, "measured here (environment notes); memory: this host's RAM"),
+    # NVIDIA GPUs (SXM boards): memory = device_memory_size of XLA's target description
+    # (rljax/gpu_specs); dense bfloat16 Tensor Core peak and HBM bandwidth from NVIDIA's datasheets
+    # (H100: 989.4 TFLOP/s, i.e. the 1,979 "with sparsity" halved, 3.35 TB/s; H200: same
+    # compute, 4.8 TB/s; A100 80GB SXM: 312 TFLOP/s, 2,039 GB/s).
+    "h100": ChipSpec("NVIDIA H100 SXM 80GB", 84942979072, 989.4e12, 3.35e12,
+                     "nvidia.com H100 datasheet; memory: XLA gpu_specs/h100_sxm.txtpb"),
+    "h200": ChipSpec("NVIDIA H200 SXM 141GB", 151397597184, 989.4e12, 4.8e12,
+                     "nvidia.com H200 datasheet; memory: XLA gpu_specs/h200.txtpb"),
+    "a100": ChipSpec("NVIDIA A100 SXM 80GB", 85100068864, 312e12, 2.039e12,
+                     "nvidia.com A100 datasheet; memory: XLA gpu_specs/a100_sxm_80.txtpb"),
 }
+
+# XLA's GPU target description (GpuTargetConfigProto text) of each GPU chip, in rljax/gpu_specs/
+GPU_SPEC_FILES = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "a100": "a100_sxm_80.txtpb"}
+GPUS_PER_NODE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +108,7 @@ class Target:
 
     @property
     def platform(self) -> str:
-        return "cpu" if self.chip == "cpu" else "tpu"
+        return "cpu" if self.chip == "cpu" else "cuda" if self.chip in GPU_SPEC_FILES else "tpu"
 
     @property
     def spec(self) -> ChipSpec:
@@ -110,8 +133,22 @@ def _tpu_targets() -> dict[str, Target]:
     return out
 
 
-TARGETS: dict[str, Target] = _tpu_targets()
+def _gpu_targets() -> dict[str, Target]:
+    """NVIDIA GPU nodes by chip and count: 1, 2, 4, 8 GPUs in one node, 16 / 32 / 64 as nodes of 8.
+    The CUDA plugin's topology string is ``slices x hosts-per-slice x devices-per-host``."""
+    out: dict[str, Target] = {}
+    for chip in GPU_SPEC_FILES:
+        for n in (1, 2, 4, 8, 16, 32, 64):
+            hosts, per_host = max(n // GPUS_PER_NODE, 1), min(n, GPUS_PER_NODE)
+            out[f"{chip}-{n}"] = Target(f"{chip}-{n}", chip, n, f"1x{hosts}x{per_host}")
+    return out
 
+
+TARGETS: dict[str, Target] = {**_tpu_targets(), **_gpu_targets()}
+
+CUDA_PLUGIN_MISSING = ("target {name!r} compiles with JAX's CUDA plugin, which is not installed: pip install -e "
+                       "'.[cuda]' (the `cuda` extra: jax[cuda12-local] for this jax; no GPU is needed to plan); "
+                       "or plan for the CPU with --target cpu-N")
 LIBTPU_MISSING = ("target {name!r} compiles with libtpu, which is not installed: pip install -e '.[tpu]' "
                   "(the `tpu` extra pins the libtpu that jax[tpu] pins for this jax); or plan for the CPU "
                   "with --target cpu-N")
@@ -148,6 +185,8 @@ def target_devices(target: Target) -> list:
         return devices
     import importlib.util
 
+    if target.platform == "cuda":
+        return _gpu_devices(target)
     if importlib.util.find_spec("libtpu") is None:
         raise UserError(LIBTPU_MISSING.format(name=target.name))
     from jax.experimental import topologies
@@ -164,6 +203,51 @@ def target_devices(target: Target) -> list:
     if len(devices) != target.num_devices:
         raise RuntimeError(f"topology {target.topology} gave {len(devices)} devices, expected {target.num_devices}")
     return devices
+
+
+def cuda_plugin_installed() -> bool:
+    """Whether JAX's CUDA plugin (the ``cuda`` extra: ``jax_plugins.xla_cuda12``) is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec("jax_plugins") is not None and \
+        importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+
+
+def _gpu_devices(target: Target) -> list:
+    """Compile-only CUDA devices of ``target``: the plugin's topology built from XLA's description of
+    the chip (no GPU is opened: this process computes on the CPU, ``JAX_PLATFORMS=cpu``)."""
+    if not cuda_plugin_installed():
+        raise UserError(CUDA_PLUGIN_MISSING.format(name=target.name))
+    from importlib import resources
+
+    from jax.experimental import topologies
+
+    spec = resources.files("rljax").joinpath("gpu_specs", GPU_SPEC_FILES[target.chip]).read_text()
+    desc = topologies.get_topology_desc(platform="cuda", target_config=spec, topology=target.topology)
+    devices = list(desc.devices)
+    if len(devices) != target.num_devices:
+        raise RuntimeError(f"topology {target.topology} gave {len(devices)} devices, expected {target.num_devices}")
+    return devices
+
+
+def usable_memory(target: Target) -> int:
+    """Bytes per device a run on ``target`` may use: the chip's memory; on a GPU, the share JAX's
+    allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``, default 0.75: the rest is left to the CUDA
+    context, cuBLAS / cuDNN workspaces and NCCL)."""
+    if target.platform != "cuda":
+        return target.spec.memory_bytes
+    return int(target.spec.memory_bytes * _gpu_memory_fraction())
+
+
+def _gpu_memory_fraction() -> float:
+    text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
+    try:
+        fraction = float(text)
+    except ValueError:
+        raise UserError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a number") from None
+    if not 0 < fraction <= 1:
+        raise UserError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} must be in (0, 1]")
+    return fraction
 
 
 # ------------------------------------------------------------------------------------ model shapes
@@ -437,7 +521,7 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     algo = get_algorithm(cfg.algorithm.name)
     a = cfg.algorithm
     lora = bool(cfg.model.lora_rank)
-    memory = memory_bytes if memory_bytes is not None else (target.spec.memory_bytes or _host_memory() // target.num_devices)
+    memory = memory_bytes if memory_bytes is not None else (usable_memory(target) or _host_memory() // target.num_devices)
 
     programs: list[ProgramReport] = []
     with use_mesh(mesh, rules):
@@ -624,7 +708,10 @@ def _roofline(p: ProgramReport, spec: ChipSpec, n: int) -> None:
     peak, or its bytes accessed at the memory bandwidth, whichever is longer; plus, for the sampler,
     each further decode step the same way over the weights and KV cache it reads."""
     flops = max(p.analytic_flops / n, p.flops or 0.0)
-    first_c, first_m = flops / spec.peak_flops, (p.bytes_accessed or 0.0) / spec.memory_bandwidth
+    # no cost analysis (GPU targets): every argument read and output written once, every temporary
+    # written and read once, a lower bound on the bytes the program moves
+    moved = p.bytes_accessed if p.bytes_accessed else p.argument_bytes + p.output_bytes + 2 * p.temp_bytes
+    first_c, first_m = flops / spec.peak_flops, moved / spec.memory_bandwidth
     decode_c = p.decode_steps * p.decode_flops / n / spec.peak_flops
     decode_m = p.decode_steps * p.decode_bytes / spec.memory_bandwidth
     p.time_s = max(first_c, first_m) + max(decode_c, decode_m)
@@ -652,6 +739,9 @@ def _advice(report: PlanReport, cfg) -> list[str]:
         state.append("shard parameters and optimizer state over more devices: mesh.fsdp=-1 (all devices not on "
                      "mesh.data / mesh.tensor), mesh.data=1")
     state.append("a larger target (more chips to shard over)")
+    if report.target.platform == "cuda" and _gpu_memory_fraction() < 0.9:
+        state.append("XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 when planning and training (JAX's allocator takes "
+                     f"{_gpu_memory_fraction():.0%} of each GPU now)")
     if not cfg.model.lora_rank:
         state.append("model.lora_rank=16 (train adapters: no full-size gradients or optimizer state)")
     if cfg.model.dtype == "float32":
@@ -691,7 +781,16 @@ def format_report(report: PlanReport) -> str:
              f"mesh {report.mesh_shape}; parameters {report.num_params / 1e9:.3f} B, trainable "
              f"{report.trainable_params / 1e9:.4f} B",
              f"chip: {_gib(report.memory_bytes)} memory, {spec.peak_flops / 1e12:.4g} TFLOP/s bf16 peak, "
-             f"{spec.memory_bandwidth / 1e9:.4g} GB/s (source: {spec.source})", "",
+             f"{spec.memory_bandwidth / 1e9:.4g} GB/s (source: {spec.source})"]
+    if t.platform == "cuda":
+        lines.append(f"GPU memory for the fit: {_gib(report.memory_bytes)} of the GPU's {_gib(spec.memory_bytes)} "
+                     "(the share JAX's allocator takes: XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75; or "
+                     "--memory-gib). A GPU compile checks no sizes: 'fits' is the table's total against this")
+    if any(p.flops is None and not p.oom for p in report.programs):
+        lines.append("XLA gave no cost analysis for this target: FLOPs are analytic only, and the roofline's bytes "
+                     "for the first pass are arguments + outputs + twice the temporaries (each read or written "
+                     "once: a lower bound)")
+    lines += ["",
              "| program | resident state | other arguments | outputs | temporaries | total / chip | of memory | fits |",
              "|---|---|---|---|---|---|---|---|"]
     for p in report.programs:

@@ -3,7 +3,8 @@
 The default tests plan on the CPU mesh (8 simulated devices, in a subprocess: the device count is
 fixed when JAX starts): the TPU extra (libtpu, 213 MB wheel, 680 MB installed) is not in the test
 extra, because once installed every JAX process of the environment initialises it (stderr warnings
-and a process lock file). With libtpu installed, ``test_plan_v5e_4`` plans the same run for a v5e-4.
+and a process lock file). With libtpu installed, ``test_plan_v5e_4`` plans the same run for a v5e-4;
+with the cuda extra (JAX's CUDA plugin), ``test_plan_h100_8_compiles_without_a_gpu`` for 8 H100s.
 """
 
 import glob
@@ -16,6 +17,7 @@ import sys
 import pytest
 
 from rljax.cli import main
+from rljax.plan import cuda_plugin_installed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,6 +117,7 @@ def test_plan_errors_name_the_setting(plan_config, capsys):
     assert main(["plan", plan_config, "--target", "v9-4"]) == 2
     err = capsys.readouterr().err
     assert "'v9-4' is not a known target" in err and "v5e-16" in err and "cpu-N" in err
+    assert "h100-8" in err and "h100-16" in err and "a100-8" in err
     # the test process has one CPU device: a 2 × 4 × 2 mesh needs 16
     assert main(["plan", plan_config, "--target", "cpu", "mesh.data=2"]) == 2
     err = capsys.readouterr().err
@@ -123,6 +126,30 @@ def test_plan_errors_name_the_setting(plan_config, capsys):
         assert main(["plan", plan_config, "--target", "v5e-4"]) == 2
         err = capsys.readouterr().err
         assert "libtpu, which is not installed" in err and "pip install -e '.[tpu]'" in err
+    if not cuda_plugin_installed():
+        assert main(["plan", plan_config, "--target", "h100-8"]) == 2
+        err = capsys.readouterr().err
+        assert "'h100-8' compiles with JAX's CUDA plugin, which is not installed" in err
+        assert "pip install -e '.[cuda]'" in err
+
+
+def test_gpu_targets_nodes_of_eight_and_the_allocators_share_of_memory(monkeypatch):
+    from rljax.plan import get_target, usable_memory
+
+    h100 = get_target("h100-16")
+    assert (h100.platform, h100.num_devices, h100.topology) == ("cuda", 16, "1x2x8")  # 2 nodes × 8 GPUs
+    assert get_target("a100-4").topology == "1x1x4"
+    # XLA's H100 SXM description: 84,942,979,072 bytes; JAX's allocator takes 75 % unless told otherwise
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert usable_memory(h100) == 63707234304
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert usable_memory(h100) == 76448681164
+    assert usable_memory(get_target("v5e-4")) == 16 * 2 ** 30  # a TPU's whole HBM
+    from rljax.errors import UserError
+
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.5")
+    with pytest.raises(UserError, match="XLA_PYTHON_CLIENT_MEM_FRACTION='1.5' must be in"):
+        usable_memory(h100)
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "accel", "*.yaml"))))
@@ -145,6 +172,28 @@ def test_plan_v5e_4(plan_config, tmp_path):
     report = json.loads(report_path.read_text())
     assert report["fits"] and report["num_devices"] == 4 and report["chip"]["memory_bytes"] == 16 * 2 ** 30
     assert "FITS" in proc.stdout
+
+
+@pytest.mark.skipif(not cuda_plugin_installed(), reason="needs the cuda extra (JAX's CUDA plugin)")
+def test_plan_h100_8_compiles_without_a_gpu(plan_config, tmp_path):
+    report_path = tmp_path / "plan.json"
+    proc = _run_cli([plan_config, "--target", "h100-8", "--json", str(report_path)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["fits"] and report["num_devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert report["memory_bytes"] == int(84942979072 * 0.75)
+    programs = {p["name"]: p for p in report["programs"]}
+    assert set(programs) == {"update", "scoring", "sampler"}
+    # the same per-device shards as on the CPU mesh: parameters, AdamW moments and steps, the batch
+    assert programs["update"]["argument_bytes"] == 3 * _per_chip_param_bytes() + 8 * 2 * 16 * 4 + 2 * 4
+    assert programs["update"]["collectives"].get("all-gather", 0) > 0
+    update = programs["update"]
+    assert update["flops"] is None  # no cost analysis for GPU targets: the analytic count stands
+    # ... and the roofline's bytes: each argument and output moved once, each temporary twice (a lower bound)
+    moved = update["argument_bytes"] + update["output_bytes"] + 2 * update["temp_bytes"]
+    compute = update["analytic_flops"] / 8 / report["chip"]["peak_flops"]
+    assert update["time_s"] == pytest.approx(max(compute, moved / report["chip"]["memory_bandwidth"]), rel=1e-9)
+    assert "no cost analysis for this target" in proc.stdout and "FITS" in proc.stdout
 
 
 @pytest.mark.heavy

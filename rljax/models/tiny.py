@@ -40,6 +40,18 @@ def byte_tokenizer():
     return fast
 
 
+def tiny_config(vocab_size: int, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                intermediate: int | None = None) -> ModelConfig:
+    """The ``ModelConfig`` :func:`make_tiny_model_dir` writes (tied embeddings, MLP twice the width,
+    special ids of :func:`byte_tokenizer`): its shapes alone, e.g. for ``rljax plan``."""
+    return ModelConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads,
+                       tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=2)
+
+
+BYTE_VOCAB_SIZE = 259  # len(byte_tokenizer()): 256 bytes + 3 special tokens
+
+
 def make_tiny_model_dir(path, *, seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 4,
                         kv_heads: int = 2, intermediate: int | None = None, value_head: bool = False,
                         tokenizer=None) -> str:
@@ -49,9 +61,7 @@ def make_tiny_model_dir(path, *, seed: int = 0, layers: int = 2, hidden: int = 6
     (``<|endoftext|>``, ``<|im_start|>`` = BOS, ``<|im_end|>`` = EOS and padding).
     """
     tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
-    config = ModelConfig(vocab_size=len(tokenizer), hidden_size=hidden,
-                         intermediate_size=intermediate or 2 * hidden, num_layers=layers, num_heads=heads,
-                         num_kv_heads=kv_heads, head_dim=hidden // heads, tie_word_embeddings=True,
-                         eos_token_id=2, bos_token_id=1, pad_token_id=2)
+    config = tiny_config(len(tokenizer), layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                         intermediate=intermediate)
     save_hf_dir(str(path), init_model(config, seed=seed, value_head=value_head), tokenizer)
     return os.fspath(path)
