@@ -10,28 +10,30 @@ work; 48 does 7%), while a run still compiles only O(log n) programs.
 from __future__ import annotations
 
 
-def bucket_length(n: int, minimum: int = 16) -> int:
-    """The smallest bucket ``>= n``: ``minimum`` times 1, 1.5, 2, 3, 4, 6, 8, ... for a power-of-two
-    ``minimum`` (otherwise ``minimum``, then the powers of two above it and their midpoints)."""
+def bucket_length(n: int, minimum: int = 16, per_octave: int = 2) -> int:
+    """The smallest bucket ``>= n``: from ``minimum``, each next bucket is the next multiple of
+    ``2^k / per_octave`` (``2^k`` the largest power of two not above the current one). For a
+    power-of-two ``minimum`` and ``per_octave=2``: ``minimum`` times 1, 1.5, 2, 3, 4, 6, 8, ...;
+    ``per_octave=4``: times 1, 1.25, 1.5, 1.75, 2, 2.5, ... (at most a fifth of a bucket is padding,
+    for twice as many compiled shapes)."""
     if minimum < 1:
         raise ValueError(f"minimum must be positive, got {minimum}")
+    if per_octave < 1:
+        raise ValueError(f"per_octave must be positive, got {per_octave}")
     size = minimum
     while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 and size > 1 else _next_power_of_two(size)
+        step = max((1 << (size.bit_length() - 1)) // per_octave, 1)
+        size = (size // step + 1) * step
     return size
 
 
-def bucket_sizes(maximum: int, minimum: int = 16) -> tuple[int, ...]:
+def bucket_sizes(maximum: int, minimum: int = 16, per_octave: int = 2) -> tuple[int, ...]:
     """Every bucket below ``maximum``, then ``maximum`` itself (so every allowed length fits one)."""
     if maximum < 1:
         raise ValueError(f"maximum must be positive, got {maximum}")
     sizes, size = [], min(minimum, maximum)
     while size < maximum:
         sizes.append(size)
-        size = bucket_length(size + 1, minimum)
+        size = bucket_length(size + 1, minimum, per_octave)
     sizes.append(maximum)
     return tuple(sizes)
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << n.bit_length() if n & (n - 1) else n * 2

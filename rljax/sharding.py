@@ -56,6 +56,7 @@ __all__ = [
     "use_mesh",
     "active_mesh",
     "constrain",
+    "constrain_state",
     "on_mesh",
     "place_batch",
     "to_host",
@@ -374,6 +375,34 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
         return x
     rules = _ACTIVE_RULES.get() or DEFAULT_RULES
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
+
+
+def constrain_state(tree: Any) -> Any:
+    """``with_sharding_constraint`` of a parameter-shaped tree (parameters, optimizer state) to the
+    sharding each ``nnx.Variable``'s ``logical_axes`` give it (:func:`param_shardings`' rule; a
+    Variable without them replicated, bare array leaves such as step counts left alone); a no-op
+    without a context mesh.
+
+    Why: a jitted update whose new parameters and AdamW moments are not constrained leaves their
+    output sharding to the partitioner. ``rljax plan`` for 8 H100s (CUDA target) measured the GRPO
+    update of Qwen2.5-1.5B returning them replicated on every GPU: 8.63 GiB of outputs per GPU
+    against 1.08 GiB of sharded inputs, the whole state on each device after every step (the CPU
+    mesh happened to keep them sharded). Pinned, the outputs are what the inputs were.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return tree
+    rules = _ACTIVE_RULES.get() or DEFAULT_RULES
+
+    def one(leaf):
+        if not _is_variable(leaf):
+            return leaf
+        value = leaf.get_value()
+        axes = leaf.get_metadata().get("logical_axes")
+        spec = PartitionSpec() if axes is None else logical_to_spec(axes, np.shape(value), mesh, rules)
+        return leaf.replace(jax.lax.with_sharding_constraint(value, spec))
+
+    return jax.tree.map(one, tree, is_leaf=_is_variable)
 
 
 def local_rows(x: Any) -> slice:

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from rljax.sharding import constrain_state
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf, or the update would have made a parameter NaN/inf
@@ -230,7 +232,9 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
     # 0: applied; 1: the loss or gradient is not finite; 2: the parameters would not be finite
     nonfinite = jnp.where(finite, jnp.where(params_finite, 0.0, 2.0), 1.0).astype(jnp.float32)
     metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": nonfinite}
-    return new_params, new_opt_state, metrics
+    # the new state keeps the parameters' sharding (rljax.sharding.constrain_state: unconstrained, a
+    # GPU partitioner returned it replicated on every device)
+    return constrain_state(new_params), constrain_state(new_opt_state), metrics
 
 
 def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:

@@ -12,6 +12,16 @@ def test_bucket_length_powers_of_two_and_midpoints():
     assert [bucket_length(n, 1) for n in range(1, 10)] == [1, 2, 3, 4, 6, 6, 8, 8, 12]
 
 
+def test_four_buckets_per_octave():
+    assert bucket_sizes(128, 16, per_octave=4) == (16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    assert [bucket_length(n, 16, 4) for n in (13, 17, 34, 57, 129)] == [16, 20, 40, 64, 160]
+    for n in range(17, 5000):
+        size = bucket_length(n, 16, 4)
+        assert size >= n and (size - n) / size < 1 / 5 + 1e-9
+    with pytest.raises(ValueError, match="per_octave"):
+        bucket_length(5, 16, 0)
+
+
 def test_padding_is_at_most_a_third_of_a_bucket():
     for n in range(17, 5000):
         size = bucket_length(n)

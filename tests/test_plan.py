@@ -95,6 +95,8 @@ def test_plan_cpu_mesh_reports_bytes_per_chip_and_refuses_what_does_not_fit(plan
     assert programs["update"]["argument_bytes"] == 3 * params + 8 * field + 2 * 4
     assert programs["update"]["alias_bytes"] == 3 * params + 2 * 4  # donated: updated in place
     assert programs["update"]["other_argument_bytes"] == 8 * field  # the batch
+    # out: the new parameters, moments and counts, sharded as they came in, and the step's metrics
+    assert 3 * params + 2 * 4 <= programs["update"]["output_bytes"] < 3 * params + 4096
     # held through every program: policy, AdamW state, and (full fine-tuning, KL on) the reference copy
     for p in programs.values():
         assert p["resident_bytes"] == 4 * params + 2 * 4
@@ -188,6 +190,9 @@ def test_plan_h100_8_compiles_without_a_gpu(plan_config, tmp_path):
     assert programs["update"]["argument_bytes"] == 3 * _per_chip_param_bytes() + 8 * 2 * 16 * 4 + 2 * 4
     assert programs["update"]["collectives"].get("all-gather", 0) > 0
     update = programs["update"]
+    # the new parameters and moments come back sharded as they went in (rljax.sharding.constrain_state;
+    # unconstrained, the CUDA partitioner returned them replicated: 8x the state on each GPU), plus the metrics
+    assert 3 * _per_chip_param_bytes() <= update["output_bytes"] < 3 * _per_chip_param_bytes() + 4096
     assert update["flops"] is None  # no cost analysis for GPU targets: the analytic count stands
     # ... and the roofline's bytes: each argument and output moved once, each temporary twice (a lower bound)
     moved = update["argument_bytes"] + update["output_bytes"] + 2 * update["temp_bytes"]
