@@ -128,11 +128,14 @@ PRESETS = {
 
 def combine(answers: Sequence[str]) -> str:
     """One answer from several comparisons: ``yes`` when all are yes, ``no`` when all are no, else
-    ``partly``."""
-    answers = list(answers)
-    if answers and all(a == "yes" for a in answers):
+    ``partly``; comparisons ``not run`` (no seed of one side finished) are left out, and when every
+    one is, the answer is ``not run``."""
+    answers = [a for a in answers if a != "not run"]
+    if not answers:
+        return "not run"
+    if all(a == "yes" for a in answers):
         return "yes"
-    if not answers or all(a == "no" for a in answers):
+    if all(a == "no" for a in answers):
         return "no"
     return "partly"
 
@@ -153,7 +156,7 @@ def claim_verdict(final: dict[str, Sequence[float]], winners: Sequence[str],
     for w in winners:
         for lo in losers:
             gaps = paired_gaps(final, w, lo)
-            parts[f"{w} − {lo}"] = (ap.clearly_positive(gaps), gaps)
+            parts[f"{w} − {lo}"] = (ap.clearly_positive(gaps) if len(gaps) else "not run", gaps)
     return combine([a for a, _ in parts.values()]), parts
 
 
@@ -440,17 +443,16 @@ def verdict(final: dict[str, list[float]]) -> str:
         answers.append(answer)
         facts = "; ".join(f"{k}: {mean_std(g)} ({a})" for k, (a, g) in parts.items())
         lines.append(f"- ({tag}) {text}: **{answer}** — final held-out accuracy gaps, paired by seed: {facts}.")
-    overall = "yes" if all(a == "yes" for a in answers) else "no" if all(a == "no" for a in answers) else "partly"
+    overall = combine(answers)
     return "\n".join([f"**claim reproduced: {overall}**", *lines])
 
 
 def report(run: "ap.Setup", curves: dict[str, list[dict]], budget: int, rl_seconds: float, note: str = "") -> dict:
-    """Table, verdicts, plot and ``results.md`` from ``curves[method][seed_index]`` (runs with every
-    method only: a seed an interrupted run did not finish for every method is left out)."""
+    """Table, verdicts, plot and ``results.md`` from ``curves[method][seed_index]``. An interrupted
+    run's methods may have different numbers of seeds (each row says its n); comparisons pair the
+    seeds both sides have (runs are seed-major, so they are the same seeds)."""
     p, spec, policy_stats = run.p, run.spec, run.policy_stats
-    done = min(len(runs) for runs in curves.values())
-    curves = {m: runs[:done] for m, runs in curves.items()}
-    seeds = [r["seed"] for r in curves[METHODS[0]]]
+    seeds = [r["seed"] for r in max(curves.values(), key=len)]
     labels = {m: [r["labels"] for r in runs] for m, runs in curves.items()}
     bad = {m: n for m, n in labels.items() if any(x != budget for x in n)}
     if bad:

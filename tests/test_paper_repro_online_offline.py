@@ -21,7 +21,9 @@ def test_combine_is_yes_only_when_all_are_and_no_only_when_none_is():
     assert ovo.combine(["no", "no", "no"]) == "no"
     assert ovo.combine(["yes", "no"]) == "partly"
     assert ovo.combine(["partly", "yes"]) == "partly"
-    assert ovo.combine([]) == "no"
+    # a comparison with no finished seed on one side (an interrupted run) does not count either way
+    assert ovo.combine(["yes", "not run"]) == "yes"
+    assert ovo.combine(["not run"]) == ovo.combine([]) == "not run"
 
 
 def test_claim_verdict_pairs_seeds_and_judges_every_comparison():
@@ -36,6 +38,8 @@ def test_claim_verdict_pairs_seeds_and_judges_every_comparison():
     assert answer == "partly"
     # unequal seed counts: only the seeds both have are paired
     np.testing.assert_allclose(ovo.paired_gaps({"a": [1.0, 2.0], "b": [0.5]}, "a", "b"), [0.5])
+    answer, parts = ovo.claim_verdict({"on": [0.5], "off": []}, ["on"], ["off"])
+    assert answer == "not run" and parts["on − off"][0] == "not run"
 
 
 def test_scripted_samples_are_the_task_answers_with_some_corrupted():
