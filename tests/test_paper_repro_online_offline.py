@@ -110,15 +110,15 @@ class _ScriptedLab(ovo.Lab):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [ovo.DPO_ONLINE, ovo.RAFT])
-def test_rounds_train_when_a_round_has_a_batch_of_rows(smoke, tmp_path, method):
+def test_rounds_train_when_a_round_has_a_batch_of_rows(smoke, tmp_path):
     _, cache, _ = smoke
     p = dict(ovo.PRESETS["smoke"], rounds=3)
     model_dir, _ = ap.pretrain_policy(p["spec"], cache)  # cached by the smoke run
     lab = _ScriptedLab(p["spec"], model_dir, str(tmp_path), 0, p)
-    result = ovo.run_rounds(lab, method, str(tmp_path), log=lambda msg: None)
-    rounds = result["rounds"]
-    assert [r["updates"] for r in rounds] == [p["updates_per_round"] if r["rows"] >= p["batch"] else 0
-                                             for r in rounds]
-    assert sum(r["updates"] for r in rounds) == result["points"][-1]["updates"] > 0
-    assert lab.labels[method] == 3 * p["prompts"] * p["samples"] == result["points"][-1]["labels"]
+    for method in (ovo.DPO_ONLINE, ovo.RAFT):  # one lab (its sampler and prompts) for both
+        result = ovo.run_rounds(lab, method, str(tmp_path), log=lambda msg: None)
+        rounds = result["rounds"]
+        assert [r["updates"] for r in rounds] == [p["updates_per_round"] if r["rows"] >= p["batch"] else 0
+                                                 for r in rounds], method
+        assert sum(r["updates"] for r in rounds) == result["points"][-1]["updates"] > 0, method
+        assert lab.labels[method] == 3 * p["prompts"] * p["samples"] == result["points"][-1]["labels"]
