@@ -204,3 +204,42 @@ def test_odpo_trains_from_a_margin_column_and_other_losses_refuse_it(tiny_dir, t
     with pytest.raises(ConfigError, match="ODPO"):
         from_yaml(RunConfig, f"algorithm: {{name: dpo, margin_column: strength, loss_type: ipo}}\n"
                              f"data: {{path: {path}}}")
+
+
+def test_replace_train_split_continues_as_a_run_started_on_the_new_rows(tiny_dir, pairs_path, tmp_path):
+    # iterated DPO: train on one split, swap in another; the policy, optimizer state, schedule and
+    # reference (the kept initial copy) carry on, so the next updates equal those of a trainer built on
+    # the new rows from the same parameters and optimizer state
+    new_path = toy_pairs(tmp_path / "round2.jsonl", n=80, seed=7)
+    live = ", precompute_ref_logprobs: false"
+    a = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "a", steps=4, offline=live))
+    b = OfflineTrainer(_cfg(tiny_dir, new_path, tmp_path / "b", steps=4, offline=live))
+    for _ in range(2):
+        a.step_once()
+    b.run.policy.params, b.run.policy.opt_state = jax.tree.map(jnp.copy, (a.run.policy.params, a.run.policy.opt_state))
+    assert a.replace_train_split(new_path) == len(b.train_set) >= 16
+    assert [r["prompt"] for r in a.train_set.rows] == [r["prompt"] for r in b.train_set.rows]
+    assert a.step == 2
+    for _ in range(2):
+        ma, mb = a.step_once(), b.step_once()
+        for k in ("loss", "rewards/accuracy", "logps/chosen", "grad_norm"):
+            np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert a.step == 4
+    for pa, pb in zip(jax.tree.leaves(a.run.policy.params), jax.tree.leaves(b.run.policy.params)):
+        np.testing.assert_allclose(np.asarray(pa), np.asarray(pb), rtol=1e-5, atol=1e-6)
+
+
+def test_replace_train_split_refuses_a_cached_reference_after_an_update(tiny_dir, pairs_path, tmp_path):
+    new_path = toy_pairs(tmp_path / "round2.jsonl", n=80, seed=7)
+    trainer = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "run", steps=2))
+    # before any update the policy is the reference: the new rows' reference log-probs are cached
+    n = trainer.replace_train_split(new_path)
+    assert trainer.train_set.values["ref_logps"].shape == (n, 2)
+    trainer.step_once()
+    with pytest.raises(ValueError, match="precompute_ref_logprobs=false"):
+        trainer.replace_train_split(new_path)
+    few = toy_pairs(tmp_path / "few.jsonl", n=12, seed=8)
+    live = OfflineTrainer(_cfg(tiny_dir, pairs_path, tmp_path / "live", steps=2,
+                               offline=", precompute_ref_logprobs: false"))
+    with pytest.raises(ValueError, match="fewer than algorithm.batch_size=16"):
+        live.replace_train_split(few)

@@ -18,6 +18,7 @@ reads).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -114,6 +115,40 @@ class OfflineTrainer:
                 self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
             if write_config:
                 self.run.save_config()
+
+    def replace_train_split(self, path: str) -> int:
+        """Train from now on on the rows of ``path`` (read as ``data.path`` is: same columns, same
+        train/held-out rule; the held-out split is kept) and return how many are usable.
+
+        For iterated (online) preference or filtered-imitation training: each round samples from the
+        current policy, scores and writes fresh pairs or records, and swaps them in; the parameters,
+        optimizer state, schedule and step count carry on. Algorithms with a reference need a kept
+        reference copy (``algorithm.precompute_ref_logprobs: false``, full fine-tuning or LoRA) once
+        the policy has moved: the cached log-probs of a new split would otherwise be the current
+        policy's. A run whose split was replaced cannot be resumed exactly (the checkpoint's data
+        position refers to the split of the moment).
+        """
+        if self.evaluate_only:
+            raise RuntimeError("this OfflineTrainer was built with evaluate_only=True; it cannot train")
+        needs_ref = self.algorithm.needs_reference(self.cfg.algorithm)
+        if needs_ref and not self.live_reference and self.run.step > 0:
+            raise ValueError("replace_train_split after an update needs a kept reference: set "
+                             "algorithm.precompute_ref_logprobs=false (the cached log-probs would be the current "
+                             "policy's, not the reference's)")
+        data = dataclasses.replace(self.cfg.data, path=str(path))
+        rows, _, counts = offline_rows(dataclasses.replace(self.cfg, data=data), self.kind)
+        train_set = self._encode(rows, "train")
+        a = self.cfg.algorithm
+        if len(train_set) < a.batch_size:
+            raise ValueError(f"{path} has {len(train_set)} usable train rows, fewer than "
+                             f"algorithm.batch_size={a.batch_size}")
+        if needs_ref and not self.live_reference:  # step 0: the policy is still the reference
+            with loop.mesh_of(self.run):
+                train_set.values["ref_logps"] = self._score_set(train_set, self.run.reference())[0]
+        self.train_set = train_set
+        self.iterator = PromptIterator(train_set.rows, a.batch_size, seed=self.cfg.train.seed)
+        self.data_counts.update({f"replaced/{k}": v for k, v in counts.items()})
+        return len(train_set)
 
     def _total_steps_for(self, rows: int) -> int:
         a = self.cfg.algorithm
