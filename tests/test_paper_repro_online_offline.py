@@ -109,7 +109,7 @@ class _ScriptedLab(ovo.Lab):
                                per_function={ap.CORRECT: self.label_texts(method, rows, texts)})
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~14 s; the swap it drives is covered in the default suite by test_dpo's replace_train_split tests
 def test_rounds_train_when_a_round_has_a_batch_of_rows(smoke, tmp_path):
     _, cache, _ = smoke
     p = dict(ovo.PRESETS["smoke"], rounds=3)
