@@ -7,7 +7,7 @@ import pytest
 
 from rljax.logprobs import completion_logprobs, completion_values, sequence_rewards
 from rljax.models.config import ModelConfig
-from rljax.models.transformer import init_model
+from tests._tiny import model_with_value_head
 
 CFG = ModelConfig(vocab_size=53, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -17,11 +17,7 @@ COMPLETIONS = [[11, 12], [], [13, 14, 15]]  # the middle row has an empty comple
 
 @pytest.fixture(scope="module")
 def model():
-    model = init_model(CFG, seed=1, value_head=True)
-    # the head is zero-initialised: give it weights so that every position reads differently
-    model.value_head["w"][...] = jax.random.normal(jax.random.key(2), (CFG.hidden_size,))
-    model.value_head["b"][...] = jnp.asarray([0.25])
-    return model
+    return model_with_value_head(CFG)
 
 
 def _batch():
