@@ -21,10 +21,11 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 
 from rljax.errors import UserError
 
-__all__ = ["cluster_detected", "initialize", "is_main_process"]
+__all__ = ["any_process", "cluster_detected", "initialize", "is_main_process"]
 
 
 def cluster_detected(environ=None) -> bool:
@@ -76,3 +77,20 @@ def _use_gloo_on_cpu() -> None:
 def is_main_process() -> bool:
     """Process 0: the one that writes files shared by the run (logs, config, summary, exported model)."""
     return jax.process_index() == 0
+
+
+def any_process(*flags: bool) -> tuple[bool, ...]:
+    """Each flag OR-ed over all processes (one tiny all-gather when there are several; none otherwise).
+
+    For a decision one process can make alone but every process must act on, because acting means
+    collectives: a stop signal delivered to one host, a save that one host's clock says is due. If
+    one process entered a checkpoint save (or stopped) and the others went on to the next step, each
+    would wait for the other in a different collective until the job is killed. Call it at the same
+    point of the program on every process.
+    """
+    if jax.process_count() == 1:
+        return tuple(bool(f) for f in flags)
+    from jax.experimental import multihost_utils
+
+    gathered = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
+    return tuple(bool(v) for v in gathered.reshape(-1, len(flags)).any(axis=0))

@@ -38,3 +38,31 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="session")
+def paper_repro_cache(tmp_path_factory, worker_id):
+    """One cache folder of the reproductions' pretrained smoke policies for the whole test run.
+
+    The arithmetic policy (``_arith_policy``: dr_grpo, dapo, rloo_vs_ppo, online_vs_offline) and the
+    sentiment reference (``_sentiment_corpus``: dpo frontier, reward over-optimisation) were each
+    pretrained once per test file that ran a --smoke preset, 25-40 s apiece. The folder is shared by
+    the xdist workers (the parent of their base temp folders) and built under a file lock, so the
+    first worker to ask trains and every later caller finds it cached.
+    """
+    import sys
+
+    from filelock import FileLock
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "paper_repro"))
+    import _arith_policy as ap
+    import _sentiment_corpus as corpus
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "paper_repro_cache"
+    root.mkdir(exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        ap.pretrain_policy(ap.PolicySpec.smoke(), str(root), log=lambda _: None)
+        corpus.pretrain_reference(corpus.SMOKE_PRETRAIN, cache=root, log=lambda _: None)
+    return str(root)

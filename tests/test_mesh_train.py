@@ -10,6 +10,7 @@ metrics.jsonl (float32, 1e-5) and every final parameter (RUN_DIR/model) must agr
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def _metrics(run_dir):
 
 def _env(devices):
     return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-                PYTHONPATH=REPO, RLJAX_PLOT="0")
+                PYTHONPATH=REPO, RLJAX_PLOT="0", PYTHONFAULTHANDLER="1")
 
 
 def _train(config, run_dir, *args, devices=8):
@@ -83,22 +84,41 @@ def _train(config, run_dir, *args, devices=8):
 
 
 def _train_two_processes(config, run_dir, *args):
-    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1."""
+    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1.
+
+    Each process writes to a file, never a pipe: a pipe nobody reads fills at 64 KiB and blocks its
+    writer inside a step, and its peer then waits in the next collective for ever. (CI of 413ac00 hung
+    here for the 30-minute guard; the processes wrote 2 KiB each, so not that way; the cause is not
+    known. A hang now ends after 900 s with both processes' Python stacks in the failure.)"""
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    logs = [open(f"{run_dir}.process{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}",
                                *args, "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
-                               "--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(4), cwd=REPO) for i in range(2)]
+                               "--process-id", str(i)], stdout=log, stderr=subprocess.STDOUT, text=True,
+                              env=_env(4), cwd=REPO) for i, log in enumerate(logs)]
+    hung = False
     try:
-        outs = [p.communicate(timeout=1800) for p in procs]  # a hang guard, not a time limit
+        for p in procs:
+            p.wait(timeout=900)  # a hang guard, not a time limit (idle: 35 s)
+    except subprocess.TimeoutExpired:
+        hung = True
+        for p in procs:  # PYTHONFAULTHANDLER: SIGABRT prints every thread's Python stack into the log
+            p.send_signal(signal.SIGABRT)
+            p.wait(timeout=60)
     finally:
         for p in procs:
             p.kill()
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return outs[0][1]
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    stacks = "\n".join(f"--- process {i} ---\n{out[-6000:]}" for i, out in enumerate(outs))
+    assert not hung, f"the two processes did not finish in 900 s; their stacks:\n{stacks}"
+    assert all(p.returncode == 0 for p in procs), stacks
+    return outs[0]
 
 
 def _assert_same_run(one, other, case, *, stopped_at=None):

@@ -29,11 +29,11 @@ repro = _load("dpo_sentiment_frontier")
 corpus = _load("_sentiment_corpus")
 
 
-def test_smoke_run_writes_table_plots_and_curves(tmp_path):
+def test_smoke_run_writes_table_plots_and_curves(tmp_path, paper_repro_cache):
     # the corpus is fetched at set-up (README test command, .ci/run); without it read_snippets
     # raises FileNotFoundError naming the fetch command
     out = tmp_path / "out"
-    assert repro.main(["--smoke", "--out", str(out), "--cache", str(tmp_path / "cache")]) == 0
+    assert repro.main(["--smoke", "--out", str(out), "--cache", paper_repro_cache]) == 0
 
     results = (out / "results.md").read_text()
     table_rows = [line for line in results.splitlines() if line.startswith("| ")]

@@ -50,9 +50,8 @@ def test_questions_hold_out_an_eval_split_and_records_are_sft():
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    # one pretrained smoke policy for both reproductions (the second finds it cached)
-    return str(tmp_path_factory.mktemp("policy_cache"))
+def cache(paper_repro_cache):
+    return paper_repro_cache  # one pretrained smoke policy for the whole test run (tests/conftest.py)
 
 
 def _check_outputs(out, methods, plot):

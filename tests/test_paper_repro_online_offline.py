@@ -58,9 +58,8 @@ def test_scripted_samples_are_the_task_answers_with_some_corrupted():
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("online_offline")
-    out, cache = str(root / "out"), str(root / "cache")
+def smoke(tmp_path_factory, paper_repro_cache):
+    out, cache = str(tmp_path_factory.mktemp("online_offline") / "out"), paper_repro_cache
     return out, cache, ovo.main(["--smoke", "--out", out, "--cache", cache])
 
 

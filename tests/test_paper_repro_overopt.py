@@ -28,10 +28,10 @@ def _load(name):
 repro = _load("rm_overoptimization")
 
 
-def test_smoke_run_writes_table_plot_and_curves(tmp_path):
+def test_smoke_run_writes_table_plot_and_curves(tmp_path, paper_repro_cache):
     # the corpus is fetched at set-up (README test command, .ci/run)
     out = tmp_path / "out"
-    assert repro.main(["--smoke", "--out", str(out), "--cache", str(tmp_path / "cache")]) == 0
+    assert repro.main(["--smoke", "--out", str(out), "--cache", paper_repro_cache]) == 0
     preset = repro.PRESETS["smoke"]
 
     results = (out / "results.md").read_text()

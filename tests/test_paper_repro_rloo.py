@@ -73,9 +73,9 @@ def test_verdicts_follow_the_numbers():
 
 
 @pytest.mark.slow
-def test_rloo_vs_ppo_smoke(tmp_path):
+def test_rloo_vs_ppo_smoke(tmp_path, paper_repro_cache):
     out = str(tmp_path / "rloo")
-    result = rp.main(["--smoke", "--out", out, "--cache", str(tmp_path / "cache")])
+    result = rp.main(["--smoke", "--out", out, "--cache", paper_repro_cache])
     methods = list(rp.methods(rp.PRESETS["smoke"]))
     for name in ("results.md", "config.json", "environment.json", "curves.json", "rloo_vs_ppo.png",
                  "reward_vs_kl.png"):

@@ -110,6 +110,28 @@ def test_sigterm_saves_at_the_step_boundary_and_raises_preempted(tiny_dir, tmp_p
     assert resumed.step == 2 and resumed.iterator.state_dict() == trainer.iterator.state_dict()
 
 
+def test_a_stop_another_process_received_stops_this_one_at_the_same_boundary(tiny_dir, tmp_path, monkeypatch,
+                                                                           outer_handlers):
+    """In a multi-process run the signal may reach one host only; every process acts on the OR of all
+    processes' flags (``rljax.distributed.any_process``), so this process, which received nothing,
+    saves and stops at step 2 as the signalled one does (else each waits in a different collective)."""
+    import rljax.training.loop as loop
+
+    trainer = OnlineTrainer(_cfg(tiny_dir, tmp_path, steps=6))
+    asked = []
+
+    def other_process_signalled_after_step_2(*flags):
+        asked.append(trainer.step)
+        return (trainer.step == 2,) + tuple(bool(f) for f in flags[1:])
+
+    monkeypatch.setattr(loop, "any_process", other_process_signalled_after_step_2)
+    with pytest.raises(Preempted, match="received SIGTERM at step 2: checkpoint saved"):
+        trainer.fit()
+    assert asked == [0, 1, 2]  # asked at every step boundary, before the step
+    assert _committed_steps(tmp_path) == [2]
+    assert [m["step"] for m in _lines(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+
+
 def test_one_sigint_stops_with_a_checkpoint(tiny_dir, tmp_path, outer_handlers):
     outer, caught = outer_handlers
     trainer = OnlineTrainer(_cfg(tiny_dir, tmp_path, steps=6))

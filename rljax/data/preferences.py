@@ -391,11 +391,19 @@ def best_vs_worst_pairs(
 
 
 def write_jsonl(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
-    """Write ``rows`` as JSON lines (parent directories created)."""
+    """Write ``rows`` as JSON lines (parent directories created), atomically: the rows go to a
+    temporary file beside ``path`` that then replaces it, so a reader (another process, a resumed
+    run) sees the old file or the whole new one, never half of it."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, default=_jsonable) + "\n")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False, default=_jsonable) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _jsonable(value: Any) -> Any:

@@ -36,6 +36,7 @@ import time
 import warnings
 from typing import Any
 
+from rljax.distributed import any_process
 from rljax.host_memory import keep_host_memory
 from rljax.metrics_log import MetricsLogger
 from rljax.sharding import use_mesh
@@ -110,14 +111,17 @@ class _StopSignals:
             pass
 
 
-def _stop_if_signalled(trainer, logger, received: list[int]) -> None:
-    """At a step boundary after a stop signal: save (committed on return), log, raise ``Preempted``."""
-    if not received:
+def _stop_if_signalled(trainer, logger, received: list[int], *, stop: bool | None = None) -> None:
+    """At a step boundary after a stop signal: save (committed on return), log, raise ``Preempted``.
+    ``stop``: the decision agreed by all processes (``rljax.distributed.any_process``); default:
+    this process received a signal."""
+    if not (bool(received) if stop is None else stop):
         return
     run = trainer.run
     save(trainer, force=True)
     run.checkpointer.wait()
-    err = Preempted(received[0], run.step)
+    # a process that received no signal itself stops because another did
+    err = Preempted(received[0] if received else signal.SIGTERM, run.step)
     logger.write(str(err))
     write_curves(run.cfg.train, active=logger.active)
     raise err
@@ -172,8 +176,15 @@ def _fit(trainer) -> dict[str, Any]:
             summary["before"] = trainer.evaluate()
             logger.log(0, {**summary["before"], **trainer.start_metrics()})
             trainer.on_evaluate(0)
+        due = False
         while run.step < trainer.total_steps:
-            _stop_if_signalled(trainer, logger, signals.received)
+            # every process must agree before acting (a save or a stop runs collectives): a signal may
+            # reach one host only, and each host's clock decides `due` alone; the save decided at the
+            # end of the previous step happens here, together with the stop it may precede
+            stop, due = any_process(bool(signals.received), due)
+            if due and not stop and save(trainer, force=True):
+                last_save = time.monotonic()
+            _stop_if_signalled(trainer, logger, signals.received, stop=stop)
             # step_once advances the data iterator before it can fail: a stop saves the position before it
             position = trainer.iterator.state_dict()
             try:
@@ -198,10 +209,11 @@ def _fit(trainer) -> dict[str, Any]:
             if evaluated:
                 trainer.on_evaluate(run.step)
             # saves copy the state; they never change it, so where they happen does not change the run
-            due = save_seconds is not None and time.monotonic() - last_save >= save_seconds
-            if (run.checkpointer.should_save(run.step) or due) and save(trainer, force=True):
+            if run.checkpointer.should_save(run.step) and save(trainer, force=True):
                 last_save = time.monotonic()
-        _stop_if_signalled(trainer, logger, signals.received)
+            due = save_seconds is not None and time.monotonic() - last_save >= save_seconds
+        (stop,) = any_process(bool(signals.received))
+        _stop_if_signalled(trainer, logger, signals.received, stop=stop)
         summary["train_seconds"] = round(time.perf_counter() - start, 2)
         summary["after"] = trainer.evaluate()
         logger.log(run.step, summary["after"])
