@@ -19,14 +19,20 @@ head, as rljax's ``model.value_head_init: normal``). Held-out accuracy: chosen s
 on the ``--eval`` pairs (questions never in the train pairs). Seconds per step: the median of the
 training steps' wall times (rljax's ``time/step_s``; a callback around TRL's steps), so rljax's first
 step, which compiles, does not count; "train s" is the whole training loop, compile included.
-torch gets as many threads as JAX's CPU backend uses. Writes experiments/results/rm_vs_trl.md.
+Each run is a child process of its own (one side, one preference, one setting): rljax under the
+malloc settings ``rljax train`` applies (``rljax.host_memory``), TRL as torch runs by default, with as
+many threads as JAX's CPU backend uses and ``OMP_WAIT_POLICY=PASSIVE``, as in
+experiments/perf/grpo_step.py. Writes experiments/results/rm_vs_trl.md.
 """
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts: see experiments/perf/sampler.py
+
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -156,15 +162,19 @@ def main(argv=None) -> None:
     parser.add_argument("--preferences", default="format,arithmetic")
     parser.add_argument("--settings", default="lora,full")
     parser.add_argument("--no-trl", action="store_true", help="the rljax side only")
+    parser.add_argument("--trl-rljax-malloc", action="store_true",
+                        help="run TRL's side under rljax's malloc settings too (default: torch as it runs by default)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "rm_vs_trl.md"))
+    parser.add_argument("--side", choices=["rljax", "trl"], help=argparse.SUPPRESS)  # a child: one run
+    parser.add_argument("--result", help=argparse.SUPPRESS)  # where a child writes its numbers (JSON)
     args = parser.parse_args(argv)
+    if args.side:
+        return _child(args)
     trl_error = None
     if not args.no_trl:
         try:
-            import torch
             import trl  # noqa: F401
 
-            torch.set_num_threads(os.cpu_count() or 1)  # the threads XLA's CPU backend uses
             _ensure_hf_dir(args.hf_dir)
         except Exception as e:  # TRL missing or not importable against these versions: keep rljax's side
             trl_error = f"{type(e).__name__}: {e}"
@@ -172,18 +182,13 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for preference in args.preferences.split(","):
-            train_rows, eval_rows = make_pairs(preference, "train", args.train), make_pairs(preference, "eval", args.eval)
-            train_path = _write_jsonl(os.path.join(tmp, f"{preference}-train.jsonl"), train_rows)
-            eval_path = _write_jsonl(os.path.join(tmp, f"{preference}-eval.jsonl"), eval_rows)
             for setting in args.settings.split(","):
-                ours = run_rljax(train_path, eval_path, os.path.join(tmp, f"rljax-{preference}-{setting}"),
-                                 setting=setting, steps=args.steps, batch=args.batch, eval_size=args.eval)
+                ours = _run_child(args, "rljax", preference, setting, tmp)
                 print("rljax", preference, setting, ours, flush=True)
                 theirs = None
                 if not args.no_trl and trl_error is None:
                     try:
-                        theirs = run_trl(args.hf_dir, train_rows, eval_rows, os.path.join(tmp, f"trl-{preference}-{setting}"),
-                                         setting=setting, steps=args.steps, batch=args.batch)
+                        theirs = _run_child(args, "trl", preference, setting, tmp)
                         print("trl", preference, setting, theirs, flush=True)
                     except Exception as e:
                         trl_error = f"{type(e).__name__}: {e}"
@@ -196,6 +201,53 @@ def main(argv=None) -> None:
                              f"{ours['train_s']:.0f}", f"{t['train_s']:.0f}" if theirs else "-"])
                 _report(args, rows, trl_error)
     _report(args, rows, trl_error)
+
+
+def _run_child(args, side: str, preference: str, setting: str, tmp: str) -> dict[str, float]:
+    """One side's run of one preference and setting in a fresh process (its own threads, memory and
+    malloc settings); its output goes to this process's, its numbers come back through a JSON file."""
+    import subprocess
+
+    result = os.path.join(tmp, f"{side}-{preference}-{setting}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--result", result, "--preferences", preference,
+           "--settings", setting, "--steps", str(args.steps), "--batch", str(args.batch), "--train", str(args.train),
+           "--eval", str(args.eval), "--hf-dir", args.hf_dir] + (["--trl-rljax-malloc"] if args.trl_rljax_malloc else [])
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {side} run of {preference}/{setting} exited with {done.returncode}")
+    with open(result) as f:
+        return json.load(f)
+
+
+def _child(args) -> None:
+    """One run (``--side``, one preference, one setting) in this process.
+
+    rljax runs under the malloc settings `rljax train` applies first thing (rljax/host_memory.py):
+    without them its full fine-tuning update measured 1.9-2.4 s against 1.7 s with them (XLA:CPU
+    page-faulted its temporaries in on every call); before 2026-11-24 this script ran both sides in
+    one process without them. TRL runs as torch does by default; in one process under rljax's
+    settings it measured 2-28 % slower (``--trl-rljax-malloc`` runs it so)."""
+    if args.side == "rljax" or args.trl_rljax_malloc:
+        from rljax.host_memory import keep_host_memory
+
+        keep_host_memory()  # before JAX or torch start their threads
+    if args.side == "trl":
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)  # the threads XLA's CPU backend uses
+    preference, setting = args.preferences, args.settings
+    train_rows, eval_rows = make_pairs(preference, "train", args.train), make_pairs(preference, "eval", args.eval)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.side == "rljax":
+            train_path = _write_jsonl(os.path.join(tmp, "train.jsonl"), train_rows)
+            eval_path = _write_jsonl(os.path.join(tmp, "eval.jsonl"), eval_rows)
+            out = run_rljax(train_path, eval_path, os.path.join(tmp, "run"), setting=setting, steps=args.steps,
+                            batch=args.batch, eval_size=args.eval)
+        else:
+            out = run_trl(args.hf_dir, train_rows, eval_rows, os.path.join(tmp, "run"), setting=setting,
+                          steps=args.steps, batch=args.batch)
+    with open(args.result, "w") as f:
+        json.dump(out, f)
 
 
 def _report(args, rows, trl_error) -> None:

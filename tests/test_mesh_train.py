@@ -165,7 +165,11 @@ def _one_device_run(config, run_dir, model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dpo", "ppo_separate", "ppo_shared"])
+@pytest.mark.parametrize("case", ["dpo", "ppo_separate",
+                                  # heavy (39 s in CI): the PPO step on the mesh is ppo_separate's, whose
+                                  # critic is a second sharded model; the shared head is one more
+                                  # [D] parameter of the policy (its single-device runs: test_train.py)
+                                  pytest.param("ppo_shared", marks=pytest.mark.heavy)])
 def test_a_run_on_eight_devices_equals_one_device(case, model_dir, tmp_path):
     config = _config(tmp_path, case, model_dir)
     _one_device_run(config, tmp_path / "one", model_dir)
