@@ -7,7 +7,7 @@ import pytest
 
 import rljax.environments  # noqa: F401 - registers the "code" task and the "code_tests" reward
 from rljax.data import make_task
-from rljax.environments.code_tasks import TEMPLATES, check_code, extract_code, make_problem
+from rljax.environments.code_tasks import FEEDBACK_CHARS, TEMPLATES, check_code, extract_code, make_problem
 from rljax.environments.sandbox import SandboxUnavailable
 from rljax.rewards import build_rewards, registered_rewards
 from rljax.rewards.bounded import bound_hit_metrics
@@ -78,6 +78,15 @@ def test_check_code_counts_passes_and_names_the_first_failure():
 
     wrong_type = check_code("def add_offset(x):\n    return float(x + 5)\n", tests, **FAST)  # 5.0 is not 5
     assert wrong_type.passed == 0
+
+
+def test_a_huge_return_value_is_shown_to_the_model_cut_short():
+    tests = make_problem("add_offset", {"k": 5}, num_tests=3, seed=1)["tests"]
+    x = tests["cases"][0]["args"][0]
+    flood = check_code("def add_offset(x):\n    return [7] * 100_000\n", tests, **FAST)  # ~300 kB of JSON
+    shown = f"add_offset({x}) returned {[7] * 100_000!r}, expected {x + 5!r}"
+    assert flood.passed == 0 and len(flood.first_failure) < 500
+    assert flood.first_failure == (f"{shown[:FEEDBACK_CHARS]}... ({len(shown) - FEEDBACK_CHARS} more characters)")
 
 
 def test_check_code_failures_before_any_test():

@@ -290,6 +290,27 @@ def test_turn_and_token_budgets_truncate():
         _run(echo, env="toy", max_tokens=70)
 
 
+def test_a_flood_of_environment_output_ends_the_episode_within_the_token_budget():
+    """A reply is appended only if the next turn still fits: a tool answering 20,000 characters (as a
+    program printing its output, or a failing test showing a huge return value, can) truncates the
+    episode for tokens with the trajectory inside max_tokens, not 20,000 tokens past it."""
+    class Flood(ToyEnv):
+        def step(self, action):
+            if "flood" in action:
+                return [{"role": "tool", "content": "x " * 10_000}], 0.0, False, False, {}
+            return super().step(action)
+
+    register_environment("flood", Flood, overwrite=True)
+    tok, episodes = _run(lambda context, turn: "flood" if turn == 1 else "abc", env="flood",
+                         options={"turns": 4}, max_turns=4, max_tokens=512)
+    for e in episodes:
+        assert (e.status, e.truncation, e.num_turns) == ("truncated", "tokens", 2)
+        assert len(e.token_ids) <= 512 - 64 and e.token_ids[-1] == EOS  # ends with the last sampled turn
+        assert e.messages[-1]["content"] == "x " * 10_000  # the log keeps what the environment said
+    roll = episodes_rollout(episodes, tok, repeats=2, pad_id=EOS)
+    assert roll.prompt_ids.shape[1] + roll.completion_ids.shape[1] <= 512
+
+
 def test_per_turn_credit_makes_one_row_per_turn():
     # toy: a plain reply earns (lowercase share) / turns; turn 0 "AB" earns 0, turn 1 "ab" 0.5
     tok, episodes = _run(lambda context, turn: "AB" if turn == 0 else "ab", env="toy", n=1)

@@ -352,7 +352,15 @@ def check_code(code: str, tests: Mapping[str, Any], *, timeout_s: float = 5.0, m
             first_failure = f"{call} returned {record['other']}, which is not a JSON value; expected {case['expected']!r}"
         else:
             first_failure = f"{call} returned {_show(record['value'])}, expected {case['expected']!r}"
+    if first_failure is not None and len(first_failure) > FEEDBACK_CHARS:
+        # the program chooses what it returns, raises and prints (up to the sandbox's 1 MiB per
+        # stream): the model is shown the start of it, not a flood that fills its context
+        first_failure = f"{first_failure[:FEEDBACK_CHARS]}... ({len(first_failure) - FEEDBACK_CHARS} more characters)"
     return CodeResult(passed, len(cases), first_failure, result)
+
+
+FEEDBACK_CHARS = 400
+"""The most characters of a failing test's message (``CodeResult.first_failure``) shown to the model."""
 
 
 def _show(value_json: str) -> str:

@@ -11,6 +11,8 @@ left-padded into one prompt batch, the sampler generates the next assistant turn
 message (``step``, in a thread pool, so slow tools overlap), and the answer is appended; until every
 episode is terminated, truncated (``max_turns`` assistant turns, or no room for another turn of
 ``max_new_tokens`` within ``max_tokens``) or failed (its environment raised; counted, the others go on).
+A trajectory never grows past ``max_tokens``: an environment reply that would leave no room for the
+next turn ends its episode (truncated for tokens) without being appended.
 
 A trajectory is one token sequence: the opening prompt, then assistant turns and the environment's
 messages in order. The assistant tokens are exactly the sampled ids (never decoded and tokenised
@@ -182,13 +184,25 @@ def _step(env: Environment, episode: Episode, content: str) -> list[dict] | None
     return new_messages
 
 
-def _append_reply(tokenizer, episode: Episode, content: str, stop_text: str | None, new_messages: list[dict]) -> None:
-    """Append the environment's reply (and the template's glue) as context tokens."""
+def _append_reply(tokenizer, episode: Episode, content: str, stop_text: str | None, new_messages: list[dict], *,
+                  room: int) -> None:
+    """Append the environment's reply (and the template's glue) as context tokens, if the trajectory
+    then still has ``room`` tokens at most (``max_tokens - max_new_tokens``: space for the next turn).
+
+    Otherwise the episode ends here, truncated for tokens, without the reply's tokens: they would
+    come after its last sampled token, so they change no log-prob, value or loss, and their number
+    is the environment's to choose, not the budget's (a tool echoing a 1 MB program output is 300 k
+    tokens; appended, one such trajectory made a code-agent update program of SmolLM2-135M ask for
+    285 GB). The messages keep the reply, for the samples log.
+    """
     glue = _encode(tokenizer, _glue_text(tokenizer, episode, content, stop_text, new_messages))
+    episode.messages += [{"role": "assistant", "content": content}] + new_messages
+    if len(episode.token_ids) + len(glue) > room:
+        episode.status, episode.truncation = "truncated", "tokens"
+        return
     episode.token_ids += glue
     episode.policy_mask += [0] * len(glue)
     episode.logprobs += [0.0] * len(glue)
-    episode.messages += [{"role": "assistant", "content": content}] + new_messages
 
 
 def _close(env) -> None:
@@ -252,7 +266,7 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
             for job, (e, content, stop_text) in zip(jobs, replies):
                 new_messages = job.result()
                 if new_messages is not None:
-                    _append_reply(tokenizer, e, content, stop_text, new_messages)
+                    _append_reply(tokenizer, e, content, stop_text, new_messages, room=max_tokens - max_new_tokens)
             turn += 1
     for env in envs:
         _close(env)
