@@ -289,12 +289,17 @@ def run_grpo(lab: Lab, out: str, log) -> dict[str, Any]:
                                                                            final=True)))
         return {}
 
-    cfg = ap.rl_config(lab.spec, lab.model_dir, lab.prompts_dir, os.path.join(out, "runs", f"grpo_s{seed}"), [
-        f"train.steps={p['rounds']}", f"algorithm.group_size={p['samples']}",
-        f"algorithm.prompts_per_step={p['prompts']}", "algorithm.num_iterations=1", "algorithm.mini_batches=1",
-        "algorithm.kl_coef=0.0", f"optim.learning_rate={p['lr']}", f"train.seed={seed}"])
+    cfg = ap.rl_config(lab.spec, lab.model_dir, lab.prompts_dir, os.path.join(out, "runs", f"grpo_s{seed}"),
+                       _grpo_overrides(p, seed=seed))
     rows = ap.run_rl(cfg, log=log, label=GRPO, extra_row=extra_row, at_end=at_end)
     return {"points": points, "rounds": [{"round": r["step"], "train_reward": r["reward"]} for r in rows]}
+
+
+def _grpo_overrides(p: dict, *, seed: int) -> list[str]:
+    """The GRPO run's settings: ``rounds`` steps of P prompts x N samples, one update a step, no KL."""
+    return [f"train.steps={p['rounds']}", f"algorithm.group_size={p['samples']}",
+            f"algorithm.prompts_per_step={p['prompts']}", "algorithm.num_iterations=1", "algorithm.mini_batches=1",
+            "algorithm.kl_coef=0.0", f"optim.learning_rate={p['lr']}", f"train.seed={seed}"]
 
 
 def _offline_config(lab: Lab, run_dir: str, path: str, algorithm: list[str], steps: int):
@@ -530,6 +535,8 @@ def main(argv=None) -> dict:
         note = (f" Rebuilt with `--report-only` from curves.json (runs per method: "
                 f"{ {m: len(r) for m, r in curves.items()} } of seeds {saved['seeds']}); run time: the runs' own.")
         return report(run, curves, saved["budget"], rl_seconds, note)
+    if run.plan:  # GRPO holds the most: the sampler and the update of P prompts x N samples
+        run.plan_and_exit({GRPO: _grpo_overrides(p, seed=seeds[0])}, [], [GRPO])
     curves: dict[str, list[dict]] = {m: [] for m in METHODS}
     t_rl = time.perf_counter()
     for seed in seeds:

@@ -53,3 +53,16 @@ def test_sentiment_reproductions_plan_both_runs_and_pass_on_the_status(name, tmp
     assert captured.err.count("'v9-4' is not a known target") == 2
     config = json.loads((tmp_path / "plan" / "model" / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (6, 256, 4096)
+
+
+@pytest.mark.parametrize("name", ["dapo_clip_higher", "rloo_vs_ppo", "online_vs_offline"])
+def test_every_arithmetic_reproduction_plans_its_largest_run_instead_of_training(name, tmp_path, capsys):
+    # an unknown target: `rljax plan`'s error and status 2, reached without pretraining or training
+    # (online_vs_offline accepted --plan and then tried to train on the shapes-only model directory)
+    with pytest.raises(SystemExit) as stop:
+        _load(name).main(["--full", "--plan", "v9-4", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert stop.value.code == 2, captured.err[-3000:]
+    assert captured.out.count("## --plan v9-4: ") == 1 and "(full preset)" in captured.out
+    assert captured.err.count("'v9-4' is not a known target") == 1
+    assert os.listdir(tmp_path / "plan" / "model") == ["config.json"] and not (tmp_path / "runs").exists()
