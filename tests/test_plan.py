@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from rljax.cli import main
@@ -248,3 +250,41 @@ def test_analytic_flops_by_hand():
     assert analytic_flops(c, T, rows, passes=1.0) == 2 * matmul * rows * T + attention
     assert analytic_flops(c, T, rows, passes=3.0) == 3 * (2 * matmul * rows * T + attention)
     assert analytic_flops(c, T, rows, passes=1.0, with_head=False) == 2 * (matmul - 64 * 256) * rows * T + attention
+
+
+def test_a_matmul_xla_cannot_tile_without_a_gpu_is_compiled_with_cublas_and_said_so():
+    """XLA's GPU compiler, autotuning with no GPU, can fail to tile a Triton matmul ("Couldn't find output
+    tile sizes", seen on online_vs_offline --full for h100-1); the plan compiles that program again with
+    Triton matmuls off and says so. Any other compile error is not caught."""
+    from rljax import plan
+
+    real = jax.jit(lambda x: x @ x.T)
+    x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+    options = []
+
+    class Lowered:
+        def __init__(self, lowered, error):
+            self.lowered, self.error = lowered, error
+
+        def compile(self, compiler_options=None):
+            options.append(compiler_options)
+            if compiler_options is None:
+                raise RuntimeError(self.error)
+            return self.lowered.compile()  # the CPU compiler has no such option: compile as is
+
+    class Jitted:
+        def __init__(self, error):
+            self.error = error
+
+        def lower(self, *args, **kwargs):
+            return Lowered(real.lower(*args, **kwargs), self.error)
+
+    untileable = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot_general.530 = f32[55296,256]"
+    report = plan._compile("update", "x @ x.T", Jitted(untileable), (x,), {}, 0.0)
+    assert options == [None, {"xla_gpu_enable_triton_gemm": False}]
+    assert report.note.startswith("update: compiled with xla_gpu_enable_triton_gemm=false")
+    assert report.output_bytes == 4 * 4 * 4 and not report.oom
+    options.clear()
+    with pytest.raises(RuntimeError, match="something else"):
+        plan._compile("update", "x @ x.T", Jitted("INTERNAL: something else"), (x,), {}, 0.0)
+    assert options == [None]
