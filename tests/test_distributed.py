@@ -3,14 +3,13 @@ the OR over processes that keeps every process acting on the same stop / save de
 two real processes joined by jax.distributed over gloo on 127.0.0.1)."""
 
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 
 from rljax.distributed import any_process, cluster_detected, initialize
 from rljax.errors import UserError
+from tests._processes import run_joined
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,24 +52,9 @@ print(any_process(pid == 0, False), any_process(False, pid == 1), any_process(Fa
 
 
 def test_any_process_is_the_or_over_two_processes(tmp_path):
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, PYTHONFAULTHANDLER="1")
-    logs = [tmp_path / f"process{i}.log" for i in range(2)]
-    procs = []
-    for i, log in enumerate(logs):  # files, not pipes: an unread pipe can block a process mid-collective
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([sys.executable, "-c", _TWO, str(port), str(i)], stdout=out,
-                                          stderr=subprocess.STDOUT, env=env, cwd=REPO))
-    try:
-        for p in procs:
-            p.wait(timeout=300)  # a hang guard, not a time limit
-    finally:
-        for p in procs:
-            p.kill()
-    for p, log in zip(procs, logs):
-        out = log.read_text()
-        assert p.returncode == 0, out[-3000:]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    outs = run_joined(lambda port: [[sys.executable, "-c", _TWO, str(port), str(i)] for i in range(2)], str(tmp_path),
+                      env=env, cwd=REPO, timeout_s=300)
+    for out in outs:
         # process 0 alone raised the first flag of the first call, process 1 alone the second of the second
         assert "(True, False) (False, True) (False, False)" in out, out[-3000:]

@@ -10,8 +10,6 @@ metrics.jsonl (float32, 1e-5) and every final parameter (RUN_DIR/model) must agr
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 
@@ -24,6 +22,7 @@ from safetensors.numpy import load_file
 from rljax.config import ConfigError, load_config
 from rljax.run_config import RunConfig
 from rljax.training import trainer_for
+from tests._processes import run_joined
 from tests._tiny import make_tiny_model_dir
 from tests.test_dpo import toy_pairs
 
@@ -71,7 +70,7 @@ def _metrics(run_dir):
 
 def _env(devices):
     return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-                PYTHONPATH=REPO, RLJAX_PLOT="0", PYTHONFAULTHANDLER="1")
+                PYTHONPATH=REPO, RLJAX_PLOT="0")
 
 
 def _train(config, run_dir, *args, devices=8):
@@ -84,40 +83,12 @@ def _train(config, run_dir, *args, devices=8):
 
 
 def _train_two_processes(config, run_dir, *args):
-    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1.
-
-    Each process writes to a file, never a pipe: a pipe nobody reads fills at 64 KiB and blocks its
-    writer inside a step, and its peer then waits in the next collective for ever. (CI of 413ac00 hung
-    here for the 30-minute guard; the processes wrote 2 KiB each, so not that way; the cause is not
-    known. A hang now ends after 900 s with both processes' Python stacks in the failure.)"""
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logs = [open(f"{run_dir}.process{i}.log", "w+") for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}",
-                               *args, "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
-                               "--process-id", str(i)], stdout=log, stderr=subprocess.STDOUT, text=True,
-                              env=_env(4), cwd=REPO) for i, log in enumerate(logs)]
-    hung = False
-    try:
-        for p in procs:
-            p.wait(timeout=900)  # a hang guard, not a time limit (idle: 35 s)
-    except subprocess.TimeoutExpired:
-        hung = True
-        for p in procs:  # PYTHONFAULTHANDLER: SIGABRT prints every thread's Python stack into the log
-            p.send_signal(signal.SIGABRT)
-            p.wait(timeout=60)
-    finally:
-        for p in procs:
-            p.kill()
-    outs = []
-    for log in logs:
-        log.seek(0)
-        outs.append(log.read())
-        log.close()
-    stacks = "\n".join(f"--- process {i} ---\n{out[-6000:]}" for i, out in enumerate(outs))
-    assert not hung, f"the two processes did not finish in 900 s; their stacks:\n{stacks}"
-    assert all(p.returncode == 0 for p in procs), stacks
+    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1 (idle: 35 s)."""
+    os.makedirs(f"{run_dir}.logs")
+    outs = run_joined(lambda port: [
+        [sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}", *args,
+         "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
+        for i in range(2)], f"{run_dir}.logs", env=_env(4), cwd=REPO)
     return outs[0]
 
 

@@ -111,11 +111,10 @@ class _StopSignals:
             pass
 
 
-def _stop_if_signalled(trainer, logger, received: list[int], *, stop: bool | None = None) -> None:
-    """At a step boundary after a stop signal: save (committed on return), log, raise ``Preempted``.
-    ``stop``: the decision agreed by all processes (``rljax.distributed.any_process``); default:
-    this process received a signal."""
-    if not (bool(received) if stop is None else stop):
+def _stop_if_signalled(trainer, logger, received: list[int], *, stop: bool) -> None:
+    """At a step boundary where ``stop`` (a signal reached some process: the decision all processes
+    agreed on, ``rljax.distributed.any_process``): save (committed on return), log, raise ``Preempted``."""
+    if not stop:
         return
     run = trainer.run
     save(trainer, force=True)

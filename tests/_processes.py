@@ -1,0 +1,48 @@
+"""Several processes joined into one JAX runtime on 127.0.0.1, for the multi-process tests."""
+
+import os
+import signal
+import socket
+import subprocess
+
+
+def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
+    """Start ``commands(port)`` (one argv per process, all given the same free coordinator port), wait
+    for all, and return each process's output; every process must exit with status 0.
+
+    Each process writes to a file, never a pipe: a pipe nobody reads fills at 64 KiB and blocks its
+    writer inside a step while its peers wait in the next collective for ever. ``timeout_s`` is a
+    hang guard, not a time limit: past it every process gets SIGABRT, which under
+    PYTHONFAULTHANDLER=1 (set here) prints each thread's Python stack into its log, and the
+    failure shows them. (The CI of 413ac00 hung 30 minutes in tests/test_mesh_train.py's two-process
+    run, with nothing to show why; six local reruns passed.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(env, PYTHONFAULTHANDLER="1")
+    argvs = commands(port)
+    paths = [os.path.join(log_dir, f"process{i}.log") for i in range(len(argvs))]
+    procs = []
+    for argv, path in zip(argvs, paths):
+        with open(path, "w") as log:
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd))
+    hung = False
+    try:
+        for p in procs:
+            p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        hung = True
+        for p in procs:
+            p.send_signal(signal.SIGABRT)
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    outs = []
+    for path in paths:
+        with open(path) as f:
+            outs.append(f.read())
+    shown = "\n".join(f"--- process {i} ---\n{out[-6000:]}" for i, out in enumerate(outs))
+    assert not hung, f"the processes did not finish in {timeout_s} s; their stacks:\n{shown}"
+    assert all(p.returncode == 0 for p in procs), shown
+    return outs
