@@ -430,13 +430,16 @@ def repo_root() -> str:
 # the driver both reproductions share
 
 
-def parse_args(name: str, description: str, argv: Sequence[str] | None):
-    """The common command line: ``--smoke`` / ``--full`` / default preset, seeds, steps, folders."""
+def parse_args(name: str, description: str, argv: Sequence[str] | None, presets: Sequence[str] = ()):
+    """The common command line: ``--smoke`` / ``--medium`` (where the reproduction has one) / ``--full``
+    / default preset, seeds, steps, folders."""
     import argparse
 
     p = argparse.ArgumentParser(description=description)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (for tests)")
+    if "medium" in presets:
+        g.add_argument("--medium", action="store_true", help="longer runs for this CPU (about two hours)")
     g.add_argument("--full", action="store_true", help="toward the paper's scale (GPU/TPU)")
     p.add_argument("--seeds", type=int, nargs="+", help="RL seeds (default: the preset's)")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the preset's)")
@@ -445,7 +448,8 @@ def parse_args(name: str, description: str, argv: Sequence[str] | None):
     p.add_argument("--plan", metavar="TARGET", help="no training: `rljax plan` the preset's largest run for TARGET "
                    "(h100-1, v5e-4, cpu-N, ...; paper_repro/_plan.py) and exit with its status")
     args = p.parse_args(argv)
-    args.preset = "smoke" if args.smoke else "full" if args.full else "default"
+    args.preset = ("smoke" if args.smoke else "full" if args.full else "medium" if getattr(args, "medium", False)
+                   else "default")
     args.out = os.path.abspath(args.out or os.path.join(repo_root(), "runs", "paper_repro", name, args.preset))
     args.cache = os.path.abspath(args.cache or os.path.join(repo_root(), "runs", "paper_repro", "_cache"))
     os.makedirs(args.out, exist_ok=True)
@@ -555,7 +559,7 @@ class Setup:
 
 def setup(name: str, description: str, argv: Sequence[str] | None, presets: dict[str, dict]) -> Setup:
     """Parse the command line, open the log, pretrain (or load) the preset's policy."""
-    args = parse_args(name, description, argv)
+    args = parse_args(name, description, argv, presets=tuple(presets))
     p = dict(presets[args.preset])
     log = file_logger(args.out)
     t_start = time.perf_counter()

@@ -156,6 +156,13 @@ PRESETS = {
                     reference_samples=16, best_of_n=(1, 2, 4), optimal_betas=(0.1, 0.5, 2.0), pair_prompts=64,
                     sample_batch=64, dpo_betas=(0.1,), dpo_batch=8, dpo_epochs=0.5, dpo_eval_every=2,
                     ppo_kl_coefs=(0.1,), ppo_steps=2, ppo_prompts_per_step=8, ppo_eval_every=1),
+    # about two hours on the 2-core CPU (issue 17 §4: at the default DPO fell behind PPO above 2 nats):
+    # a 4-layer, 128-wide reference writing 12-word continuations, three epochs of DPO over the pairs,
+    # PPO twice as long; β and KL-coefficient grids extended toward the high-KL end.
+    "medium": Preset(pretrain=dataclasses.replace(corpus.PretrainSettings(), layers=4, hidden=128, response_words=12,
+                                                  max_response_tokens=32, epochs=6.0),
+                     dpo_betas=(0.02, 0.05, 0.1, 0.5, 1.0), dpo_epochs=3.0, dpo_eval_every=50,
+                     ppo_kl_coefs=(0.003, 0.01, 0.03, 0.1, 0.3), ppo_steps=200, ppo_eval_every=20),
     # toward the paper on an accelerator: a wider, deeper reference, more prefixes and samples,
     # the paper's β grid and more KL coefficients, longer runs.
     "full": Preset(pretrain=dataclasses.replace(corpus.PretrainSettings(), vocab_size=4096, layers=6, hidden=256,
@@ -593,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--smoke", action="store_true", help="seconds: plumbing check for the tests")
+    group.add_argument("--medium", action="store_true", help="longer runs for this CPU (about two hours)")
     group.add_argument("--full", action="store_true", help="toward the paper's scale (a GPU / TPU)")
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the preset's)")
     parser.add_argument("--out", help=f"output folder (default runs/paper_repro/{NAME}/<preset>)")
@@ -600,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plan", metavar="TARGET", help="no training: `rljax plan` the preset's DPO and PPO runs for "
                         "TARGET (h100-1, v5e-4, cpu-N, ...; paper_repro/_plan.py) and exit with its status")
     args = parser.parse_args(argv)
-    preset_name = "smoke" if args.smoke else "full" if args.full else "default"
+    preset_name = "smoke" if args.smoke else "full" if args.full else "medium" if args.medium else "default"
     preset = PRESETS[preset_name]
     if args.seeds:
         preset = dataclasses.replace(preset, seeds=tuple(args.seeds))

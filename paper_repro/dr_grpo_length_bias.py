@@ -89,6 +89,11 @@ CLAIMS = {
 PRESETS = {
     "smoke": dict(spec=ap.PolicySpec.smoke(), steps=2, prompts=2, group=4, seeds=(0,), window=1, lr=1e-4),
     "default": dict(spec=ap.PolicySpec(), steps=200, prompts=8, group=8, seeds=(0, 1, 2), window=20, lr=1e-4),
+    # about two hours on the 2-core CPU: three-digit sums (scratchpads up to 92 tokens), a 3-layer
+    # policy, 1.5x the steps and twice the prompts of the default (issue 17 §4: the default showed
+    # no length bias; the paper's effect builds over hundreds of steps of long completions)
+    "medium": dict(spec=ap.PolicySpec(digits=3, layers=3, hidden=128, sft_size=12000, sft_steps=1500),
+                   steps=300, prompts=16, group=8, seeds=(0, 1, 2), window=30, lr=1e-4),
     "full": dict(spec=ap.PolicySpec(digits=3, layers=4, hidden=256, heads=8, kv_heads=4, sft_size=20000,
                                     sft_steps=3000, sft_batch=64, sft_lr=1e-3),
                  steps=300, prompts=32, group=8, seeds=(0, 1, 2, 3, 4), window=30, lr=2e-4),

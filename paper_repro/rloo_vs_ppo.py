@@ -10,7 +10,9 @@ Claims tested: starting from an SFT policy,
 (a) PPO's clipping rarely fires (the share of clipped tokens stays small);
 (b) GAE λ = 1 does best among λ ∈ {0, 0.5, 0.95, 1};
 (c) RLOO (k = 4, the REINFORCE loss over whole sequences, KL-penalised sequence reward) matches or
-    beats PPO at the same number of generated samples, at no larger KL.
+    beats PPO at the same number of generated samples, at no larger KL;
+(d) REINFORCE with a moving-average baseline (the paper's "REINFORCE w/ baseline", b_MA: the mean
+    of the rewards seen so far) also matches or beats PPO (Table 1 ranks it above PPO, below RLOO).
 
 Setup (`paper_repro/_arith_policy.py`, shared with dr_grpo_length_bias.py and dapo_clip_higher.py):
 two-digit additions; a tiny byte-level Llama pretrained inside the reproduction (rljax's offline
@@ -26,10 +28,12 @@ coefficient β to the SFT reference and the same learning rate:
     RLOO k=2, k=4              algorithm.name=rloo loss=reinforce group_size=k kl_coef=β (the paper's form)
     GRPO                       algorithm.name=grpo group_size=4 kl_coef=β (k3 KL in the loss)
     REINFORCE++                algorithm.name=reinforce_pp kl_coef=β (k1 KL in the reward, batch-whitened returns)
+    REINFORCE, moving avg.     algorithm.name=reinforce kl_coef=β (REINFORCE loss; baseline = mean of every earlier
+                               KL-penalised reward, carried across steps and checkpointed)
 
 The clipped-surrogate methods (PPO, GRPO, REINFORCE++) make 2 passes over 2 mini-batches per step
-(4 updates; the first update of a step has ratio 1, so at most 3 of 4 can clip); RLOO's REINFORCE
-loss has no ratio and makes one update per step, as in the paper.
+(4 updates; the first update of a step has ratio 1, so at most 3 of 4 can clip); the REINFORCE
+losses (RLOO, moving-average REINFORCE) have no ratio and make one update per step, as in the paper.
 
 Per step: the reward of the sampled completions, their KL to the reference measured the same way
 for every method (the sequence sum of ``log π_old − log π_ref`` over the sampled tokens, k1: an
@@ -76,11 +80,10 @@ Deviations from the paper (numbered):
    and Anthropic-HH with a learned reward model; completions of at most 64 tokens.
 2. Scale: short runs of S = 32 completions per step (the paper: 512 samples per batch, thousands of
    steps); the same number of samples per step for every method, so "per step" is "per sample".
-3. Methods: vanilla policy gradient with a moving-average baseline is left out (rljax's online
-   algorithms compute advantages from the current batch only; a baseline carried across steps
-   needs state in the trainer and its checkpoint, which did not fit this change); REINFORCE++
-   (whitened returns over the batch) stands for the batch-baseline REINFORCE family, GRPO for
-   the group-normalised one. RAFT is not run.
+3. Methods: REINFORCE with the moving-average baseline (added 2026-11-24, `algorithm.name=reinforce`)
+   uses the mean of all earlier rewards (the first step: its own batch's mean); vanilla PG without
+   a baseline and RAFT are not run. REINFORCE++ (whitened returns over the batch) stands for the
+   batch-baseline REINFORCE family, GRPO for the group-normalised one.
 4. PPO's critic is a separate copy of the SFT policy with a fresh zero-initialised value head (the
    paper starts it from the reward model, which a verifier does not have).
 5. KL coefficient β = 0.05 for every method (TRL RLOOTrainer's default), learning rate 1e-4 (Adam,
@@ -96,8 +99,8 @@ Deviations from the paper (numbered):
 9. Before the measured runs, one 30-step run of every method on seed 100 checked the timing and that
    each method runs; nothing was changed after it. The equal-KL line of (c) was added after the
    first two measured seeds had been read; it is descriptive and does not enter the verdict.
-10. The smoke preset runs three methods (PPO λ = 0 and 1, RLOO k=4), one step: each method compiles its
-   own update, and those three reach every verdict.
+10. The smoke preset runs four methods (PPO λ = 0 and 1, RLOO k=4, moving-average REINFORCE), one step:
+   each method compiles its own update, and those four reach every verdict.
 """
 
 from __future__ import annotations
@@ -119,11 +122,13 @@ NAME = "rloo_vs_ppo"
 LAMBDAS = (0.0, 0.5, 0.95, 1.0)
 PPO = {lam: f"PPO λ={lam:g}" for lam in LAMBDAS}
 RLOO2, RLOO4, GRPO, RPP = "RLOO k=2", "RLOO k=4", "GRPO k=4", "REINFORCE++"
+MA = "REINFORCE, moving avg."
 
 CLAIMS = {
     **{PPO[lam]: "clipping rarely fires" + ("; λ=1 best" if lam == 1.0 else "") for lam in LAMBDAS},
     RLOO2: "(Table 1) beats PPO at equal samples",
     RLOO4: "matches or beats PPO at equal samples and KL",
+    MA: "(Table 1) beats PPO, below RLOO",
     GRPO: "not in the paper",
     RPP: "not in the paper",
 }
@@ -131,7 +136,7 @@ CLAIMS = {
 PRESETS = {
     # smoke: the fewest methods that reach every verdict (each method compiles its own update, seconds each)
     "smoke": dict(spec=ap.PolicySpec.smoke(), steps=1, samples=8, mini_batches=2, iterations=2, seeds=(0,),
-                  window=1, lr=1e-4, kl_coef=0.05, methods=(PPO[0.0], PPO[1.0], RLOO4)),
+                  window=1, lr=1e-4, kl_coef=0.05, methods=(PPO[0.0], PPO[1.0], RLOO4, MA)),
     "default": dict(spec=ap.PolicySpec(), steps=120, samples=32, mini_batches=2, iterations=2, seeds=(0, 1, 2),
                     window=20, lr=1e-4, kl_coef=0.05),
     "full": dict(spec=ap.PolicySpec(digits=3, layers=4, hidden=256, heads=8, kv_heads=4, sft_size=20000,
@@ -160,6 +165,8 @@ def methods(p: dict) -> dict[str, list[str]]:
         out[label] = ["algorithm.name=rloo", *per_step(k), "algorithm.loss=reinforce"]
     out[GRPO] = ["algorithm.name=grpo", *per_step(4), *clipped]
     out[RPP] = ["algorithm.name=reinforce_pp", *per_step(1), *clipped]
+    # the paper's b_MA: the mean of every earlier reward (baseline_decay null), one update per step
+    out[MA] = ["algorithm.name=reinforce", *per_step(1)]
     return {m: o for m, o in out.items() if m in p.get("methods", out)}
 
 
@@ -282,14 +289,14 @@ def equal_kl_gaps(curves: dict[str, list[list[dict]]], method: str, ppo: str, wi
     return np.asarray(out, dtype=np.float64)
 
 
-def verdict_rloo(per_seed, curves=None, window: int = 20) -> tuple[str, str]:
-    """(c): RLOO k=4 minus the best PPO in final reward, paired by seed. Beats: ``clearly_positive`` of
-    the gaps is yes/partly; loses: that of the negated gaps is; otherwise it matches. Yes when it
-    matches or beats at a final KL no more than 10 % above PPO's; partly when it does so only with
-    more KL; no when it loses."""
+def verdict_vs_ppo(per_seed, method: str, curves=None, window: int = 20) -> tuple[str, str]:
+    """``method`` (RLOO k=4 for (c), the moving-average REINFORCE for (d)) minus the best PPO in final
+    reward, paired by seed. Beats: ``clearly_positive`` of the gaps is yes/partly; loses: that of the
+    negated gaps is; otherwise it matches. Yes when it matches or beats at a final KL no more than
+    10 % above PPO's; partly when it does so only with more KL; no when it loses."""
     ppo = best_ppo(per_seed)
-    gap = _paired(per_seed, RLOO4, ppo, "reward")
-    kl_r, kl_p = _mean(per_seed, RLOO4, "kl"), _mean(per_seed, ppo, "kl")
+    gap = _paired(per_seed, method, ppo, "reward")
+    kl_r, kl_p = _mean(per_seed, method, "kl"), _mean(per_seed, ppo, "kl")
     beats, loses = ap.clearly_positive(gap) != "no", ap.clearly_positive(-gap) != "no"
     kl_ok = kl_r <= 1.1 * kl_p
     if loses:
@@ -297,13 +304,27 @@ def verdict_rloo(per_seed, curves=None, window: int = 20) -> tuple[str, str]:
     else:
         answer = "yes" if kl_ok else "partly"
     relation = "loses to" if loses else "beats" if beats else "matches"
-    facts = (f"RLOO k=4 {relation} {ppo}: final reward gap {mean_std(gap)} (paired by seed); final KL "
+    facts = (f"{method} {relation} {ppo}: final reward gap {mean_std(gap)} (paired by seed); final KL "
              f"{kl_r:.3f} vs {kl_p:.3f} nats per completion; held-out greedy accuracy "
-             f"{_mean(per_seed, RLOO4, 'eval_correct'):.3f} vs {_mean(per_seed, ppo, 'eval_correct'):.3f}")
+             f"{_mean(per_seed, method, 'eval_correct'):.3f} vs {_mean(per_seed, ppo, 'eval_correct'):.3f}")
     if curves is not None:  # descriptive only: the verdict above is the final-reward rule
-        at_kl = equal_kl_gaps(curves, RLOO4, ppo, window)
-        facts += (f"; at equal KL (RLOO's final reward minus {ppo}'s when its KL first reached RLOO's final "
-                  f"KL, {window}-step means, not part of the verdict): {mean_std(at_kl)}")
+        at_kl = equal_kl_gaps(curves, method, ppo, window)
+        facts += (f"; at equal KL ({method}'s final reward minus {ppo}'s when its KL first reached {method}'s "
+                  f"final KL, {window}-step means, not part of the verdict): {mean_std(at_kl)}")
+    return answer, facts
+
+
+def verdict_rloo(per_seed, curves=None, window: int = 20) -> tuple[str, str]:
+    """(c): RLOO k=4 against the best PPO (``verdict_vs_ppo``)."""
+    return verdict_vs_ppo(per_seed, RLOO4, curves, window)
+
+
+def verdict_moving_average(per_seed, curves=None, window: int = 20) -> tuple[str, str]:
+    """(d): REINFORCE with the moving-average baseline against the best PPO (``verdict_vs_ppo``), and
+    below RLOO k=4 as the paper's Table 1 orders them (the RLOO gap is reported, not judged)."""
+    answer, facts = verdict_vs_ppo(per_seed, MA, curves, window)
+    if RLOO4 in per_seed:
+        facts += f"; minus RLOO k=4: {mean_std(_paired(per_seed, MA, RLOO4, 'reward'))}"
     return answer, facts
 
 
@@ -311,13 +332,17 @@ def verdict(per_seed, curves=None, window: int = 20) -> str:
     """One bold overall line and one line per claim (``curves`` adds the equal-KL comparison to (c))."""
     (a, fa), (b, fb) = verdict_clipping(per_seed), verdict_lambda(per_seed)
     c, fc = verdict_rloo(per_seed, curves, window)
-    overall = a if a == b == c else "partly" if "yes" in (a, b, c) or "partly" in (a, b, c) else "no"
-    return "\n".join([
-        f"**claim reproduced: {overall}**",
-        f"- (a) PPO's clipping rarely fires: **{a}** — {fa}.",
-        f"- (b) GAE λ = 1 is best: **{b}** — {fb}.",
-        f"- (c) RLOO k=4 matches or beats PPO at equal samples and KL: **{c}** — {fc}.",
-    ])
+    answers = [a, b, c]
+    lines = [f"- (a) PPO's clipping rarely fires: **{a}** — {fa}.",
+             f"- (b) GAE λ = 1 is best: **{b}** — {fb}.",
+             f"- (c) RLOO k=4 matches or beats PPO at equal samples and KL: **{c}** — {fc}."]
+    if MA in per_seed:
+        d, fd = verdict_moving_average(per_seed, curves, window)
+        answers.append(d)
+        lines.append(f"- (d) REINFORCE with a moving-average baseline matches or beats PPO at equal samples and "
+                     f"KL: **{d}** — {fd}.")
+    overall = answers[0] if len(set(answers)) == 1 else "partly" if {"yes", "partly"} & set(answers) else "no"
+    return "\n".join([f"**claim reproduced: {overall}**", *lines])
 
 
 def plot_reward_vs_kl(curves: dict[str, list[list[dict]]], path: str, *, smooth: int, title: str) -> None:
@@ -409,7 +434,8 @@ def main(argv=None) -> dict:
             f"additions; accuracy at temperature 1 before RL {policy_stats['accuracy']:.3f}. {steps} RL steps of "
             f"{p['samples']} completions each for every method (equal samples), KL coefficient {p['kl_coef']}, "
             f"learning rate {p['lr']}, seeds {list(seeds)}. PPO, GRPO and REINFORCE++: {p['iterations']} passes over "
-            f"{p['mini_batches']} mini-batches per step; RLOO: one REINFORCE update per step. Reward, KL and seconds "
+            f"{p['mini_batches']} mini-batches per step; RLOO and moving-average REINFORCE: one REINFORCE update per "
+            f"step. Reward, KL and seconds "
             f"per step: mean over the last {w} steps; KL: sum over a completion's tokens of log π_old − log π_ref "
             f"(same estimate for every method); clip fraction: over the whole run; held-out accuracy: greedy, "
             f"{spec.eval_size} questions, after the last step; state MB: policy + optimizer + reference + critic "

@@ -170,6 +170,52 @@ def rloo_advantages(
     return jax.lax.stop_gradient(adv.reshape(-1))
 
 
+def moving_average_baseline_advantages(
+    rewards: chex.Array, mean: chex.Array, count: chex.Array, *, decay=None, valid: chex.Array | None = None
+) -> tuple[chex.Array, chex.Array, chex.Array]:
+    """REINFORCE with a moving-average baseline (Williams 1992; the "vanilla policy gradient" of
+    Ahmadian et al., arXiv:2402.14740, §3.2, Table 1): the baseline is carried **across steps**, so
+    a sample's advantage does not depend on the other samples of its batch::
+
+        b     = m                        (m: the baseline after the previous steps)
+              = mean_batch R             on the first step (count = 0: no history yet)
+        A_i   = R_i − b                  (valid rows; 0 for missing rewards)
+        m'    = b + w · (mean_batch R − b)
+        w     = n_batch / (count + n_batch)     decay None: the mean of every reward so far (the paper's b_MA)
+              = 1 − decay                        decay in [0, 1): an exponential moving average
+        count' = count + n_batch
+
+    The update comes after the advantages, so ``b`` is a constant with respect to this batch's
+    samples (an unbiased gradient from the second step on; the first step's batch-mean baseline
+    is the usual small bias of a batch baseline). A batch with no valid reward leaves ``(m, count)``
+    unchanged. The trainer keeps ``(m, count)`` between steps and in every checkpoint
+    (``rljax.algorithms.reinforce``), so a resumed run continues bitwise.
+
+    Args:
+      rewards: ``[B]`` float; mean, count: scalars, the state (``count = 0``: none yet);
+      decay: ``None`` (running mean of all rewards) or in ``[0, 1)``; valid: optional ``[B]`` bool.
+    Returns:
+      ``(advantages [B], mean', count')``.
+    """
+    chex.assert_rank(rewards, 1)
+    chex.assert_type(rewards, float)
+    if decay is not None and not 0 <= decay < 1:
+        raise ValueError(f"decay must be None or in [0, 1), got {decay}")
+    if valid is None:
+        valid = jnp.ones(rewards.shape, dtype=bool)
+    valid = valid.astype(bool)
+    r = jnp.where(valid, rewards, jnp.zeros_like(rewards))  # missing rewards may be NaN
+    mean = jnp.asarray(mean, r.dtype)
+    count = jnp.asarray(count, r.dtype)
+    n = jnp.sum(valid, dtype=r.dtype)
+    batch_mean = jnp.sum(r) / jnp.maximum(n, 1.0)
+    b = jnp.where(count > 0, mean, batch_mean)
+    adv = jnp.where(valid, r - b, jnp.zeros_like(r))
+    w = n / jnp.maximum(count + n, 1.0) if decay is None else jnp.where(count > 0, 1.0 - decay, 1.0)
+    new_mean = jnp.where(n > 0, b + w * (batch_mean - b), mean)
+    return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(new_mean), count + n
+
+
 def whiten(
     x: chex.Array, mask: chex.Array, *, shift_mean: bool = True, eps=1e-8, bessel: bool = True
 ) -> chex.Array:

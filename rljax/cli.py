@@ -266,7 +266,7 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="run an RL training job from a YAML config",
-        description="Train with the algorithm the config names: online grpo, ppo, rloo, reinforce_pp; offline "
+        description="Train with the algorithm the config names: online grpo, ppo, rloo, reinforce_pp, reinforce; offline "
         "dpo, reward_model, records (scored records), sft (chat transcripts). Every config field is documented in "
         "rljax/run_config.py "
         "and the algorithm's module (rljax/algorithms/NAME.py); override any of them as dotted KEY=VALUE arguments, e.g. "

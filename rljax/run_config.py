@@ -5,7 +5,7 @@
 Every field is documented here and in the algorithm's module; ``rljax train --help`` points here.
 
 ``algorithm`` is a tagged union: ``algorithm.name`` picks one algorithm's section
-(``rljax.algorithms``: ``grpo``, ``ppo``, ``rloo``, ``reinforce_pp`` online; ``dpo``,
+(``rljax.algorithms``: ``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``, ``reinforce`` online; ``dpo``,
 ``reward_model``, ``records``, ``sft`` offline), and that section holds only the settings that algorithm
 uses, so a setting that would do nothing is refused at start with its key named. Every run shares
 ``model``, ``data``, ``optim`` and ``train``; online runs also ``sampling`` and ``rewards``.

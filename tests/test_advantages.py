@@ -1,4 +1,4 @@
-"""rljax.advantages: group / RLOO / REINFORCE++ / GAE / whitening / KL shaping / overlong."""
+"""rljax.advantages: group / RLOO / moving-average baseline / REINFORCE++ / GAE / whitening / KL shaping / overlong."""
 
 import functools
 
@@ -127,6 +127,40 @@ def test_bad_group_arguments():
         A.group_advantages(jnp.zeros(4), group_size=4, scale="prompt")
     with pytest.raises(AssertionError):
         A.rloo_advantages(jnp.zeros((2, 2)), group_size=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving-average baseline (REINFORCE, "vanilla PG" of Back to Basics)
+# ---------------------------------------------------------------------------------------------
+@JIT
+def test_moving_average_baseline_hand(use_jit):
+    # step 1 (no history): R = [1, 0, 3, (NaN, missing)] -> b = batch mean 4/3,
+    #   A = [-1/3, -4/3, 5/3, 0]; the baseline becomes 4/3 after 3 rewards.
+    # step 2: R = [2, 2] -> A = 2 - 4/3 = 2/3 each (the baseline of EARLIER steps, not this batch's 2);
+    #   mean of all five rewards (1 + 0 + 3 + 2 + 2) / 5 = 1.6, count 5.
+    # EMA with decay 0.75: step 1 the same (w = 1, b' = 4/3); step 2 b' = 4/3 + 0.25 (2 - 4/3) = 1.5.
+    fn = _maybe_jit(functools.partial(A.moving_average_baseline_advantages, decay=None), use_jit)
+    ema = _maybe_jit(functools.partial(A.moving_average_baseline_advantages, decay=0.75), use_jit)
+    r1, v1 = jnp.array([1.0, 0.0, 3.0, jnp.nan]), jnp.array([True, True, True, False])
+    adv, mean, count = fn(r1, 0.0, 0.0, valid=v1)
+    np.testing.assert_allclose(adv, [-1 / 3, -4 / 3, 5 / 3, 0.0], rtol=1e-6)
+    np.testing.assert_allclose([mean, count], [4 / 3, 3.0], rtol=1e-6)
+    adv2, mean2, count2 = fn(jnp.array([2.0, 2.0]), mean, count)
+    np.testing.assert_allclose(adv2, [2 / 3, 2 / 3], rtol=1e-6)
+    np.testing.assert_allclose([mean2, count2], [1.6, 5.0], rtol=1e-6)
+    _, e_mean, e_count = ema(r1, 0.0, 0.0, valid=v1)
+    _, e_mean2, _ = ema(jnp.array([2.0, 2.0]), e_mean, e_count)
+    np.testing.assert_allclose([e_mean, e_mean2], [4 / 3, 1.5], rtol=1e-6)
+    # a batch without one valid reward: advantages 0, the state unchanged
+    adv3, mean3, count3 = fn(jnp.array([jnp.nan, 5.0]), mean2, count2, valid=jnp.array([False, False]))
+    np.testing.assert_array_equal(adv3, [0.0, 0.0])
+    np.testing.assert_allclose([mean3, count3], [1.6, 5.0], rtol=1e-6)
+
+
+def test_moving_average_baseline_refuses_a_decay_outside_0_1():
+    for decay in (1.0, -0.1):
+        with pytest.raises(ValueError, match="decay"):
+            A.moving_average_baseline_advantages(jnp.ones(2), 0.0, 0.0, decay=decay)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.algorithms import ALGORITHMS, get, reinforce_pp, rloo
+from rljax.algorithms import ALGORITHMS, get, reinforce, reinforce_pp, rloo
 from rljax.batches import RolloutBatch
-from rljax.config import from_yaml, union_members
+from rljax.config import FieldError, from_yaml, union_members
 from rljax.run_config import AlgorithmConfig, RunConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_algorithm_is_registered_with_its_own_config_section():
-    assert set(ALGORITHMS) == {"grpo", "ppo", "rloo", "reinforce_pp", "dpo", "reward_model", "records", "sft"}
+    assert set(ALGORITHMS) == {"grpo", "ppo", "rloo", "reinforce_pp", "reinforce", "dpo", "reward_model", "records",
+                               "sft"}
     members = union_members(AlgorithmConfig)
     assert set(members) == set(ALGORITHMS)
     for name, algorithm in ALGORITHMS.items():
@@ -69,6 +70,30 @@ def test_reinforce_pp_advantages_by_hand(jit):
     want = np.where(valid, (returns - mean) / (std + 1e-8), 0.0)
     np.testing.assert_allclose(out.returns, returns, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(out.advantages, want, rtol=1e-5, atol=1e-6)
+
+
+def test_reinforce_carries_its_baseline_across_steps():
+    # KL in the reward at sequence level (k1, beta 0.1), then advantages against the earlier steps' mean:
+    # step 1: sum_t (old - ref) = 0.5 and -0.5 -> R = [1 - 0.05, 0 + 0.05] = [0.95, 0.05], b = 0.5 (its own
+    # batch: no history), A = [0.45, -0.45]; the baseline becomes 0.5 after 2 rewards.
+    old = [[-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0]]
+    ref = [[-1.5, -1.0, -1.5], [-1.0, -1.0, 0.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    cfg = reinforce.ReinforceConfig(kl_coef=0.1)
+    state = reinforce.initial_state(cfg)
+    batch = _batch([1.0, 0.0], mask, old, ref)
+    out, state = reinforce.advantages(batch, cfg, state)
+    np.testing.assert_allclose(out.advantages, [[0.45, 0.45, 0.45], [-0.45, -0.45, 0.0]], rtol=1e-5)
+    np.testing.assert_allclose([state["baseline"], state["count"]], [0.5, 2.0], rtol=1e-6)
+    out2, state2 = reinforce.advantages(_batch([1.0, 1.0], mask, old, ref), cfg, state)
+    # step 2, scores [1, 1]: R = [0.95, 1.05], A = R - 0.5 = [0.45, 0.55] (the earlier steps' baseline,
+    # not this batch's mean 1.0); mean of all four R = 0.75
+    np.testing.assert_allclose(out2.advantages[:, 0], [0.45, 0.55], rtol=1e-5)
+    np.testing.assert_allclose([state2["baseline"], state2["count"]], [0.75, 4.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="num_iterations"):
+        reinforce.ReinforceConfig(num_iterations=2).validate()
+    with pytest.raises(FieldError, match="baseline_decay"):
+        reinforce.ReinforceConfig(baseline_decay=1.0).validate()
 
 
 def test_rloo_paper_form_is_reinforce_over_the_whole_sequence():

@@ -18,7 +18,7 @@ from paper_repro import rloo_vs_ppo as rp  # noqa: E402
 def test_every_method_draws_the_same_samples_per_step_with_the_same_kl():
     p = dict(rp.PRESETS["default"])
     methods = rp.methods(p)
-    assert list(methods) == [rp.PPO[lam] for lam in rp.LAMBDAS] + [rp.RLOO2, rp.RLOO4, rp.GRPO, rp.RPP]
+    assert list(methods) == [rp.PPO[lam] for lam in rp.LAMBDAS] + [rp.RLOO2, rp.RLOO4, rp.GRPO, rp.RPP, rp.MA]
     for label, overrides in methods.items():
         assert overrides[0].startswith("algorithm.name=")  # first: naming the algorithm resets its section
         kv = dict(o.split("=", 1) for o in overrides)
@@ -37,9 +37,11 @@ def test_every_method_draws_the_same_samples_per_step_with_the_same_kl():
         assert a.kl_coef == p["kl_coef"], label
         if a.name == "ppo":
             assert a.critic == "separate" and a.lam in rp.LAMBDAS and a.gamma == 1.0
-        if a.name != "rloo":
+        if a.name not in ("rloo", "reinforce"):  # the REINFORCE losses: one update per step
             assert (a.num_iterations, a.mini_batches) == (p["iterations"], p["mini_batches"]), label
-    assert list(rp.methods(rp.PRESETS["smoke"])) == [rp.PPO[0.0], rp.PPO[1.0], rp.RLOO4]
+        if a.name == "reinforce":
+            assert (a.num_iterations, a.mini_batches, a.baseline_decay) == (1, 1, None)  # the paper's b_MA
+    assert list(rp.methods(rp.PRESETS["smoke"])) == [rp.PPO[0.0], rp.PPO[1.0], rp.RLOO4, rp.MA]
 
 
 def _seed(reward, kl=1.0, clip=0.01, eval_correct=0.5):
@@ -70,6 +72,15 @@ def test_verdicts_follow_the_numbers():
     # λ=0.95 best on average: no
     lam_no = {**per_seed, rp.PPO[0.95]: [_seed(0.5), _seed(0.5)]}
     assert rp.verdict_lambda(lam_no)[0] == "no"
+    # (d): moving-average REINFORCE level with PPO λ=1 (gaps +0.01, -0.01) at equal KL: matches -> yes;
+    # below it in both seeds: no, and the overall verdict is then partly
+    level = {**per_seed, rp.MA: [_seed(0.41), _seed(0.44)]}
+    answer, facts = rp.verdict_moving_average(level)
+    assert answer == "yes" and "matches PPO λ=1" in facts and "minus RLOO k=4: -0.075" in facts
+    assert "(d) REINFORCE with a moving-average baseline" in rp.verdict(level)
+    below = {**per_seed, rp.MA: [_seed(0.3), _seed(0.35)]}
+    assert rp.verdict_moving_average(below)[0] == "no"
+    assert rp.verdict(below).startswith("**claim reproduced: partly**")
 
 
 @pytest.mark.slow
@@ -88,7 +99,7 @@ def test_rloo_vs_ppo_smoke(tmp_path, paper_repro_cache):
     assert len(table) == 1 + len(methods)
     for method in methods:
         assert any(line.startswith(f"| {method} |") for line in table), method
-    for claim in ("(a) PPO's clipping", "(b) GAE λ = 1", "(c) RLOO k=4"):
+    for claim in ("(a) PPO's clipping", "(b) GAE λ = 1", "(c) RLOO k=4", "(d) REINFORCE with a moving-average"):
         assert claim in text
     curves = json.load(open(os.path.join(out, "curves.json")))["curves"]
     assert set(curves) == set(methods)
@@ -99,7 +110,7 @@ def test_rloo_vs_ppo_smoke(tmp_path, paper_repro_cache):
             assert math.isfinite(row[key]), (method, key)
         assert 0.0 <= row["eval_correct"] <= 1.0 and row["step_s"] > 0
         # the first update of a step has ratio 1, so a clip fraction exists (>= 0) for the clipped methods
-        assert math.isfinite(row["clip_frac"]) == (not method.startswith("RLOO")), method
+        assert math.isfinite(row["clip_frac"]) == (not method.startswith(("RLOO", "REINFORCE,"))), method
     # PPO's separate critic: a second model and its optimizer state, so more memory than RLOO's
     summary = result["per_seed"]
     assert summary[rp.PPO[1.0]][0]["state_mb"] > 1.3 * summary[rp.RLOO4][0]["state_mb"]

@@ -78,7 +78,8 @@ def _train_rewards(run_dir):
 @pytest.mark.parametrize("algo,extra", [("grpo", ", kl_coef: 0.01"), ("rloo", ", kl_coef: 0.01"), ("ppo", ", kl_coef: 0.01"),
                                         ("ppo", ", kl_coef: 0.01, critic: separate"),
                                         ("rloo", ", kl_coef: 0.01, loss: reinforce"),  # the paper's REINFORCE form
-                                        ("reinforce_pp", ", kl_coef: 0.01")])
+                                        ("reinforce_pp", ", kl_coef: 0.01"),
+                                        ("reinforce", ", kl_coef: 0.01")])  # moving-average baseline
 def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     summary = Trainer(_cfg(tiny_dir, tmp_path, algo, extra, steps=16)).fit()
     rewards = _train_rewards(tmp_path)
@@ -86,7 +87,8 @@ def test_reward_rises(tiny_dir, tmp_path, algo, extra):
     assert summary["after"]["eval/lowercase"] > summary["before"]["eval/lowercase"] + 0.2, summary
     separate = ("critic/loss" in _metrics(tmp_path)[1]) and ("critic/grad_norm" in _metrics(tmp_path)[1])
     assert separate == ("separate" in extra)
-    _check_trl_metrics([m for m in _metrics(tmp_path) if "loss" in m], clipped="reinforce" not in extra)
+    _check_trl_metrics([m for m in _metrics(tmp_path) if "loss" in m],
+                       clipped="reinforce" not in extra and algo != "reinforce")
 
 
 def test_bfloat16_with_float32_master_weights_learns_and_checkpoints_its_master(tiny_dir, tmp_path):
@@ -197,7 +199,9 @@ def test_same_seed_same_metrics(tiny_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", ", kl_coef: 0.01, critic: separate, "
-                                                        "critic_learning_rate: 3.0e-3")])
+                                                        "critic_learning_rate: 3.0e-3"),
+                                        # the baseline carried across steps is checkpointed and restored
+                                        ("reinforce", ", baseline_decay: 0.5")])
 def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
     # (with a separate critic, its parameters and optimizer state are checkpointed and restored too)
     strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time")} for m in ms]
@@ -211,6 +215,8 @@ def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):
     resumed = [m for m in strip(_metrics(tmp_path / "resumed")) if "loss" in m]
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
     assert full == resumed
+    if algo == "reinforce":  # steps 3-4 used the baseline of steps 1-2, read back from the checkpoint
+        assert len({m["algorithm/baseline"] for m in resumed}) == 4, resumed
 
 
 def test_a_reward_that_raises_does_not_stop_the_run(tiny_dir, tmp_path):

@@ -7,6 +7,7 @@ name                kind     module
 ``ppo``             online   PPO with a value head or a separate critic, GAE
 ``rloo``            online   RLOO: leave-one-out baseline; clip or the paper's REINFORCE loss
 ``reinforce_pp``    online   REINFORCE++: batch-normalised returns, no critic
+``reinforce``       online   REINFORCE with a moving-average baseline carried across steps
 ``dpo``             offline  DPO, cDPO, robust DPO, IPO, hinge, SimPO, ODPO
 ``reward_model``    offline  Bradley–Terry / K-wise reward models
 ``records``         offline  scored records: AWR, RWR, filtered behaviour cloning
@@ -16,11 +17,11 @@ name                kind     module
 
 from __future__ import annotations
 
-from rljax.algorithms import dpo, grpo, ppo, records, reinforce_pp, reward_model, rloo, sft
+from rljax.algorithms import dpo, grpo, ppo, records, reinforce, reinforce_pp, reward_model, rloo, sft
 from rljax.algorithms.base import OfflineAlgorithm, OnlineAlgorithm
 
 ALGORITHMS: dict[str, OnlineAlgorithm | OfflineAlgorithm] = {
-    m.ALGORITHM.name: m.ALGORITHM for m in (grpo, ppo, rloo, reinforce_pp, dpo, reward_model, records, sft)
+    m.ALGORITHM.name: m.ALGORITHM for m in (grpo, ppo, rloo, reinforce_pp, reinforce, dpo, reward_model, records, sft)
 }
 
 

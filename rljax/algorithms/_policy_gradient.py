@@ -1,8 +1,8 @@
-"""What the online algorithms (GRPO, PPO, RLOO, REINFORCE++) share: their common settings, the
+"""What the online algorithms (GRPO, PPO, RLOO, REINFORCE++, REINFORCE) share: their common settings, the
 rollout batch's totals and the clipped policy loss wired to the model.
 
 Wiring only: the maths is ``rljax.losses.policy`` and ``rljax.advantages``. Each online algorithm
-module (``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``) subclasses :class:`OnlineSettings` (and
+module (``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``, ``reinforce``) subclasses :class:`OnlineSettings` (and
 :class:`ClipSettings` when it trains with the clipped surrogate) for its config section and
 exports an :class:`rljax.algorithms.base.OnlineAlgorithm`.
 """

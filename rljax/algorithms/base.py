@@ -11,7 +11,8 @@ An online step (``rljax.training.online``)::
     rollouts (sampler + rewards) -> RolloutBatch
       -> reference log-probs        if needs_reference(cfg)
       -> old values                 if value_head(cfg) is "shared" (policy's head) or "separate" (critic)
-      -> advantages(batch, cfg)     fills batch.advantages (and batch.returns)
+      -> advantages(batch, cfg)     fills batch.advantages (and batch.returns); an algorithm with
+                                    initial_state: advantages(batch, cfg, state) -> (batch, state')
       -> num_iterations × mini_batches updates of loss(model, batch, cfg, temperature=, **totals(batch))
          (+ critic_loss on the critic's own parameters when value_head(cfg) == "separate")
 
@@ -49,6 +50,10 @@ class OnlineAlgorithm:
       critic_loss: with a separate critic, ``(critic_model, batch, cfg, **totals) -> (loss, metrics)``.
       value_head_init: how a fresh value head starts when ``model.value_head_init`` is null
         (``"normal"`` | ``"zeros"``, ``rljax.models.value_head``).
+      initial_state: ``cfg -> dict[str, float]`` for an algorithm that carries state across steps
+        (a moving-average baseline, ``rljax.algorithms.reinforce``); its ``advantages`` then takes
+        the state and returns ``(batch, state')``. The trainer keeps the state of the last completed
+        step and saves it with every checkpoint, so a resume continues bitwise.
     """
 
     name: str
@@ -59,7 +64,15 @@ class OnlineAlgorithm:
     value_head: Callable[[Any], ValueHead] = lambda cfg: None
     critic_loss: Callable[..., Any] | None = None
     value_head_init: str = "normal"
+    initial_state: Callable[[Any], dict] | None = None
     online: bool = dataclasses.field(default=True, init=False)
+
+    def advantages_and_state(self, batch, cfg, state: dict | None):
+        """``(batch with advantages, state')``: one call for stateless and stateful algorithms
+        (``state'`` is ``None`` for a stateless one)."""
+        if self.initial_state is None:
+            return self.advantages(batch, cfg), None
+        return self.advantages(batch, cfg, state)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@
 
 A trainer (``rljax.training.online.OnlineTrainer``, ``rljax.training.offline.OfflineTrainer``) has
 ``run`` (``rljax.training.run.Run``: config, state, checkpointer, ``step``), ``total_steps``,
-``iterator`` (the data position, saved with every checkpoint), ``step_once() -> metrics`` (one
+``iterator`` (the data position, saved with every checkpoint; an online trainer's ``algorithm_state``
+too), ``step_once() -> metrics`` (one
 step; advances ``run.step``), ``evaluate() -> metrics``, ``log_keys`` (metrics shown next to the
 progress bar), ``start_metrics()`` (logged with the first evaluation) and three plain methods
 ``fit`` calls at fixed points: ``on_step(logger)`` after each logged training step,
@@ -62,8 +63,11 @@ def save(trainer, *, force: bool = False, data: dict | None = None) -> bool:
     the run: ``rljax.training.run.Run.restore``); returns whether a checkpoint was started."""
     run = trainer.run
     data = trainer.iterator.state_dict() if data is None else data
-    return run.checkpointer.save(run.step, run.state(), {"step": run.step, "data": data,
-                                                         "config": config_dict(run.cfg)}, force=force)
+    metadata = {"step": run.step, "data": data, "config": config_dict(run.cfg)}
+    algorithm_state = getattr(trainer, "algorithm_state", None)  # state carried across steps, if any
+    if algorithm_state is not None:
+        metadata["algorithm_state"] = algorithm_state
+    return run.checkpointer.save(run.step, run.state(), metadata, force=force)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

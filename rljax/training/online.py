@@ -205,8 +205,14 @@ class OnlineTrainer:
             self.last_episodes: list = []  # the latest sample's episodes (environment runs)
             self.last_episode_metrics: dict[str, float] = {}  # and their metrics (the last round's, if several)
             self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
+            # state an algorithm carries across steps (a moving-average baseline): the last completed
+            # step's, saved with every checkpoint (rljax.training.loop.save)
+            self.algorithm_state = self.algorithm.initial_state(a) if self.algorithm.initial_state else None
             if resume:
-                self.iterator.load_state_dict(self.run.restore(resume_step)["data"])
+                metadata = self.run.restore(resume_step)
+                self.iterator.load_state_dict(metadata["data"])
+                if self.algorithm_state is not None:
+                    self.algorithm_state = _restored_algorithm_state(metadata, self.algorithm_state)
             self.prompt_format = PromptFormat.from_data(cfg.data)
             self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
             self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
@@ -291,7 +297,7 @@ class OnlineTrainer:
         if value_head is not None:
             values_of = run.critic if value_head == "separate" else run.policy
             batch = batch.replace(old_values=score_values(*values_of.split, batch))
-        batch = self.algorithm.advantages(batch, self.advantage_cfg)
+        batch, state = self.algorithm.advantages_and_state(batch, self.advantage_cfg, self.algorithm_state)
         jax.block_until_ready(batch)
         t_ref = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -310,6 +316,9 @@ class OnlineTrainer:
             "time/sample_s": t_sample, "time/ref_and_values_s": t_ref, "time/update_s": t_update,
         })
         raise_if_nonfinite(metrics, run.step)
+        if state is not None:  # committed with the step: a refused update leaves the state as it was
+            self.algorithm_state = {k: float(v) for k, v in state.items()}
+            metrics.update({f"algorithm/{k}": v for k, v in self.algorithm_state.items()})
         self.last_rollouts = roll
         run.step += 1
         metrics.update(self._trl_metrics(roll, metrics))
@@ -399,6 +408,15 @@ class OnlineTrainer:
     def on_end(self, summary: dict) -> None:
         if self.cfg.train.save_model:
             summary.update(export_run(self.run, self.cfg.train.run_dir))
+
+
+def _restored_algorithm_state(metadata: dict, initial: dict) -> dict[str, float]:
+    """The algorithm state a checkpoint saved (its keys must be the algorithm's)."""
+    saved = metadata.get("algorithm_state")
+    if not isinstance(saved, dict) or set(saved) != set(initial):
+        raise ValueError(f"the checkpoint of step {metadata.get('step')} has no algorithm state with keys "
+                         f"{sorted(initial)} (found {saved!r}); it was not saved by this algorithm")
+    return {k: float(v) for k, v in saved.items()}
 
 
 def reward_kl(batch: RolloutBatch, *, estimator: str) -> float:
