@@ -57,22 +57,29 @@ The --full preset is sized for one NVIDIA H100 80GB; `--plan h100-1` (rljax plan
 extra, no GPU needed; 2026-11-24): PPO with its separate critic (the largest method) fits, peak 1.15
 GiB per GPU of the 59.33 GiB JAX's allocator takes (75 % of the 79.11 GiB GPU), in the update.
 
-Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (24 RL runs: 8
-methods x 3 seeds x 120 steps) took 65.4 min while other jobs loaded the machine (load average
-6-14; the first seed alone took 18 min), plus 1.9 min of pretraining the first time (cached
-afterwards). Step times in results.md are from that loaded machine: compare them with each other only.
+Hardware and run time: a shared 2-core CPU (jax CPU backend). The default preset (27 RL runs: 9
+methods x 3 seeds x 120 steps) took 37.4 min on 2026-11-25 while another reproduction shared the CPU,
+plus 2.4 min of pretraining the first time (cached afterwards); peak RSS 4.9 GB. Step times in
+results.md are from that shared machine: compare them with each other only.
 `--report-only` rebuilds results.md and the plots from the runs in curves.json without training
 (pass the same preset, --seeds and --steps).
 
-Result of the default preset (seeds 0 1 2; mean ± std over seeds, last 20 steps):
-(a) yes: PPO clipped 0.21 % ± 0.03 % of its tokens (largest run 0.27 %);
-(b) yes: final reward rises with λ, 0.258 / 0.274 / 0.297 / 0.320 for λ = 0 / 0.5 / 0.95 / 1, λ = 1
-    above each other λ in every seed;
-(c) no by the final-reward rule: RLOO k=4 0.282 ± 0.023 vs PPO λ=1 0.320 ± 0.035 (gap −0.038 ±
-    0.016, every seed), but at 0.44 nats of KL against PPO's 1.12; at equal KL (PPO's reward when
-    its KL reached RLOO's final KL) RLOO is ahead by 0.034 ± 0.028, and its held-out greedy accuracy
-    is 0.760 vs 0.716. RLOO's step is ~4x faster (one update, no critic) and its state 5.0 MB vs
-    PPO's 8.8 MB (the separate critic).
+Result of the default preset (2026-11-25, seeds 0 1 2; mean ± std over seeds, last 20 steps):
+(a) yes: PPO clipped 0.20 % ± 0.03 % of its tokens (largest run 0.24 %);
+(b) partly: final reward rises with λ, 0.283 / 0.287 / 0.308 / 0.327 for λ = 0 / 0.5 / 0.95 / 1,
+    but λ = 1 is not above λ = 0.95 in every seed (gap 0.019 ± 0.021);
+(c) yes: RLOO k=4 0.326 ± 0.031 matches PPO λ=1 0.327 ± 0.019 (gap −0.002 ± 0.043) at 0.29 nats of
+    KL against PPO's 0.99, with held-out greedy accuracy 0.812 vs 0.659; at PPO's reward when its
+    KL reached RLOO's, RLOO is ahead by 0.046 ± 0.029;
+(d) yes: REINFORCE with the moving-average baseline 0.324 ± 0.005 matches PPO λ=1 (gap −0.003 ±
+    0.018) at 0.37 nats (accuracy 0.810), level with RLOO k=4 (−0.001 ± 0.028), not below it as
+    in the paper's Table 1. RLOO's and REINFORCE's steps are ~3.5x faster than PPO's (one update,
+    no critic) and their state 5.0 MB vs PPO's 8.8 MB (the separate critic).
+The first measured run of this preset (2026-11-24: 8 methods, before REINFORCE existed, another
+pretraining of the same policy spec, on a heavily loaded machine) had (b) yes and (c) no (RLOO k=4
+0.282 vs PPO λ=1 0.320, gap −0.038 ± 0.016): with 3 seeds and 120 steps the RLOO-vs-PPO gap is
+within its run-to-run spread, and the two runs disagree on it; the verdicts are reported as
+measured, not chosen.
 
 Deviations from the paper (numbered):
 1. Model and task: a 2-layer, 128-wide byte-level Llama pretrained here on synthetic additions,
