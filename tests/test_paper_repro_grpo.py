@@ -110,3 +110,17 @@ def test_a_verdict_needs_more_than_noise():
     # mean 0.002 against a standard error of 0.0054: noise
     assert ap.clearly_positive([0.02, -0.015, 0.001, 0.012, -0.01, 0.004]) == "no"
     assert ap.clearly_positive([float("nan")]) == "no" and ap.clearly_positive([-1.0]) == "no"
+
+
+def test_medium_is_offered_only_by_reproductions_that_define_it(tmp_path):
+    # dr_grpo_length_bias has a --medium preset (issue 17 §4): it parses to that preset and its folder;
+    # dapo_clip_higher has none, so the flag is an error there rather than a silent default run
+    args = ap.parse_args("dr_grpo_length_bias", "", ["--medium", "--out", str(tmp_path / "m")],
+                         presets=tuple(dr_grpo_length_bias.PRESETS))
+    assert args.preset == "medium" and args.out == str(tmp_path / "m")
+    medium, default = dr_grpo_length_bias.PRESETS["medium"], dr_grpo_length_bias.PRESETS["default"]
+    assert medium["spec"].max_new_tokens > default["spec"].max_new_tokens and medium["steps"] > default["steps"]
+    assert len(medium["seeds"]) == 3
+    assert "medium" not in dapo_clip_higher.PRESETS
+    with pytest.raises(SystemExit):
+        ap.parse_args("dapo_clip_higher", "", ["--medium"], presets=tuple(dapo_clip_higher.PRESETS))
