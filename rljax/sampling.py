@@ -80,8 +80,8 @@ def generate(
 
     ``model`` is a :class:`Transformer` or its split ``(graphdef, state, ...)`` (what a trainer holds,
     e.g. ``(graphdef, trainable, frozen)``).
-    With ``bucket=True`` the prompt length is padded to 16, 24, 32, 48, 64, 96, ... and the batch to
-    8, 12, 16, 24, 32, ... (``rljax.buckets``) before the jitted call; the result is cut back to ``[B, N]``.
+    With ``bucket=True`` the prompt length is padded to 16, 20, 24, 28, 32, 40, ... and the batch to
+    8, 10, 12, 14, 16, 20, ... (``rljax.buckets``) before the jitted call; the result is cut back to ``[B, N]``.
     """
     graphdef, *states = nnx.split(model) if isinstance(model, nnx.Module) else model
     input_ids = np.asarray(input_ids, np.int32) if not isinstance(input_ids, jax.Array) else input_ids

@@ -405,6 +405,29 @@ def constrain_state(tree: Any) -> Any:
     return jax.tree.map(one, tree, is_leaf=_is_variable)
 
 
+def shardings_of(tree: Any) -> Any:
+    """Each array leaf's sharding (None for other leaves): what :func:`keep_shardings` restores."""
+    return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else None, tree)
+
+
+def keep_shardings(tree: Any, shardings: Any) -> Any:
+    """``tree``'s arrays under ``shardings`` (:func:`shardings_of` of the inputs they replace) where
+    the two are equivalent but not equal: the same buffers, no copy, on every process.
+
+    Why: a jitted update's outputs come back with the sharding XLA reports, which names the same
+    placement differently from the inputs' (a one-device mesh: ``P()`` for ``P(None, 'tensor',
+    'fsdp')``); jit keys its cache on the sharding, so the next call compiled the update again
+    (grpo_step: a second compile of the GRPO update, ~5 s of its second step on the 2-core CPU,
+    minutes for a large model on an accelerator). A leaf whose sharding really differs is left as it is.
+    """
+    def one(x, s):
+        if s is None or not isinstance(x, jax.Array) or x.sharding == s or not x.sharding.is_equivalent_to(s, x.ndim):
+            return x
+        return jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
+
+    return jax.tree.map(one, tree, shardings)
+
+
 def local_rows(x: Any) -> slice:
     """The rows (leading dim) of ``x`` this process's devices hold: all of them in a one-process run
     or where the rows are replicated; a contiguous block where several processes split them."""

@@ -11,8 +11,9 @@ which pick the algorithm's loss and its static settings (the algorithm's config 
 micro-batch's loss is a share of the batch loss and the summed gradient equals the whole batch's
 (the "global denominator" rule of ``rljax.losses.reduce``).
 
-Also here: ``make_optimizer`` / ``optimizer_for`` (AdamW with warm-up, decay and clipping; the latter
-cached, so equal settings share compiled updates), ``with_master_weights`` (mixed precision: a float32
+Also here: ``make_optimizer`` / ``optimizer_for`` (AdamW with warm-up, decay and clipping,
+``rljax.adamw.ClippedAdamW``, whose guarded step runs fused and in place; the latter cached, so equal
+settings share compiled updates), ``with_master_weights`` (mixed precision: a float32
 master copy of bfloat16 parameters, ``optim.master_dtype``) and ``NonFiniteLossError``.
 """
 
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from rljax.adamw import ClippedAdamW
 from rljax.sharding import constrain_state
 
 
@@ -123,15 +125,15 @@ def master_params(opt_state, params):
 
 
 def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping; with
-    ``cfg.master_dtype`` set, all of it on a master copy of the parameters (:func:`with_master_weights`).
+    """AdamW with warm-up then constant / cosine / linear decay, after global-norm clipping
+    (``rljax.adamw.ClippedAdamW``: optax's transformations, whose guarded step ``apply_update`` runs
+    fused); with ``cfg.master_dtype`` set, all of it on a master copy of the parameters
+    (:func:`with_master_weights`).
 
     ``cfg`` is an ``rljax.run_config.OptimSection``; ``total_steps`` counts optimizer updates.
     """
-    schedule = learning_rate_schedule(cfg, total_steps)
-    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
-    chain.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
-    optimizer = optax.chain(*chain)
+    optimizer = ClippedAdamW.create(learning_rate_schedule(cfg, total_steps), grad_clip=cfg.grad_clip, b1=cfg.b1,
+                                    b2=cfg.b2, weight_decay=cfg.weight_decay)
     master_dtype = getattr(cfg, "master_dtype", None)
     return with_master_weights(optimizer, jnp.dtype(master_dtype)) if master_dtype else optimizer
 
@@ -209,10 +211,28 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+    if isinstance(optimizer, ClippedAdamW):
+        # rljax's optimizer (make_optimizer): the same step and check, fused and in place (rljax.adamw)
+        new_params, new_opt_state, params_finite = optimizer.guarded_step(
+            grads, opt_state, params, finite & ~jnp.asarray(skip), grad_norm=grad_norm)
+    else:
+        new_params, new_opt_state, params_finite = _guarded_optax_step(optimizer, grads, opt_state, params,
+                                                                        finite & ~jnp.asarray(skip))
+    # 0: applied; 1: the loss or gradient is not finite; 2: the parameters would not be finite
+    nonfinite = jnp.where(finite, jnp.where(params_finite, 0.0, 2.0), 1.0).astype(jnp.float32)
+    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": nonfinite}
+    # the new state keeps the parameters' sharding (rljax.sharding.constrain_state: unconstrained, a
+    # GPU partitioner returned it replicated on every device)
+    return constrain_state(new_params), constrain_state(new_opt_state), metrics
+
+
+def _guarded_optax_step(optimizer, grads, opt_state, params, ok):
+    """Any optax optimizer's step, applied where ``ok`` and the new parameters are finite:
+    ``(new_params, new_opt_state, params_finite)``."""
     updates, stepped_opt_state = optimizer.update(grads, opt_state, params)
     # The parameters the step would write, checked before it is applied: one fused all-isfinite
     # reduction over p + u (as optax.apply_updates computes it, in the parameter dtype), with no new
-    # parameter copy. A finite gradient and a finite AdamW state give a finite new AdamW state, so
+    # parameter copy. A finite gradient and a finite optimizer state give a finite new state, so
     # the parameters are what a NaN/inf learning rate or an overflowing step first spoils. With a
     # master copy (with_master_weights) the new parameters are the new master rounded, exactly.
     rounded = master_params(stepped_opt_state, params)
@@ -225,16 +245,11 @@ def apply_update(graphdef, params, frozen, opt_state, batch: dict[str, jax.Array
         from_master = master_params(o, p)
         return (optax.apply_updates(p, u) if from_master is None else from_master), o
 
-    # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and AdamW state
-    # (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond, as without a guard).
-    new_params, new_opt_state = jax.lax.cond(finite & params_finite & ~jnp.asarray(skip), step, lambda state: state[:2],
+    # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and optimizer
+    # state (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond).
+    new_params, new_opt_state = jax.lax.cond(ok & params_finite, step, lambda state: state[:2],
                                              (params, opt_state, updates, stepped_opt_state))
-    # 0: applied; 1: the loss or gradient is not finite; 2: the parameters would not be finite
-    nonfinite = jnp.where(finite, jnp.where(params_finite, 0.0, 2.0), 1.0).astype(jnp.float32)
-    metrics = {**metrics, "loss": value, "grad_norm": grad_norm, "nonfinite": nonfinite}
-    # the new state keeps the parameters' sharding (rljax.sharding.constrain_state: unconstrained, a
-    # GPU partitioner returned it replicated on every device)
-    return constrain_state(new_params), constrain_state(new_opt_state), metrics
+    return new_params, new_opt_state, params_finite
 
 
 def raise_if_nonfinite(metrics: dict[str, float], step: int) -> None:

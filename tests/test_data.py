@@ -231,8 +231,8 @@ def test_format_prompt_raw_and_errors():
 
 
 def test_default_buckets():
-    assert default_buckets(256) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
-    assert default_buckets(100) == (16, 24, 32, 48, 64, 96, 100)
+    assert default_buckets(256, per_octave=2) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert default_buckets(100) == (16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100)
     assert default_buckets(16) == (16,)
     assert default_buckets(8) == (8,)
 

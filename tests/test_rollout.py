@@ -170,12 +170,12 @@ def test_take_and_concat_repad_widths_and_keep_values(model, tokenizer):
     b = rollout(model, tokenizer, [{"prompt": "z" * 20, "answer": "ok"}, {"prompt": "q" * 40, "answer": "ok"}],
                 jax.random.key(1), sampling=_sampling(n=6), fmt=dataclasses.replace(RAW, too_long="filter"),
                 rewards=rewards)
-    assert a.prompt_ids.shape == (4, 16) and b.prompt_ids.shape == (1, 24) and b.num_dropped == 1
+    assert a.prompt_ids.shape == (4, 16) and b.prompt_ids.shape == (1, 20) and b.num_dropped == 1
     both = concat_rollouts([a, b], pad_id=7)
-    assert both.prompt_ids.shape == (5, 24) and both.completion_ids.shape == (5, 6) and both.num_dropped == 1
-    np.testing.assert_array_equal(both.prompt_ids[:4, 8:], a.prompt_ids)
-    assert (both.prompt_ids[:4, :8] == 7).all() and (both.prompt_mask[:4, :8] == 0).all()
-    np.testing.assert_array_equal(both.prompt_mask[:4, 8:], a.prompt_mask)
+    assert both.prompt_ids.shape == (5, 20) and both.completion_ids.shape == (5, 6) and both.num_dropped == 1
+    np.testing.assert_array_equal(both.prompt_ids[:4, 4:], a.prompt_ids)
+    assert (both.prompt_ids[:4, :4] == 7).all() and (both.prompt_mask[:4, :4] == 0).all()
+    np.testing.assert_array_equal(both.prompt_mask[:4, 4:], a.prompt_mask)
     np.testing.assert_array_equal(both.prompt_ids[4:], b.prompt_ids)
     np.testing.assert_array_equal(both.completion_ids[:4, :4], a.completion_ids)
     assert (both.completion_ids[:4, 4:] == 7).all() and (both.completion_mask[:4, 4:] == 0).all()
@@ -202,7 +202,7 @@ def test_take_and_concat_repad_widths_and_keep_values(model, tokenizer):
         assert value == pytest.approx(a.reward_metrics[key], rel=1e-6), key
 
     sub = both.take([4, 0])
-    assert sub.prompt_ids.shape == (2, 24) and sub.completion_ids.shape == (2, 6)
+    assert sub.prompt_ids.shape == (2, 20) and sub.completion_ids.shape == (2, 6)
     np.testing.assert_array_equal(sub.completion_ids, both.completion_ids[[4, 0]])
     assert sub.texts == [both.texts[4], both.texts[0]] and sub.examples == [both.examples[4], both.examples[0]]
     assert sub.row_mask.tolist() == [True, True] and sub.reward_metrics["reward/missing_count"] == 0.0

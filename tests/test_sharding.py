@@ -311,3 +311,16 @@ def test_sharded_forward_and_sampler_match_unsharded_on_8_devices():
     # activation constraints: no-op without a mesh, batch split under use_mesh
     assert r["constrain_without_mesh_devices"] == 1
     assert r["constrain_shard_shape"] == [2, 4, 64]
+
+
+def test_keep_shardings_renames_an_equivalent_sharding_without_a_copy():
+    mesh = sharding.make_mesh()  # every device on fsdp; one CPU device here
+    named = NamedSharding(mesh, P(None, "tensor", "fsdp"))
+    x = jax.device_put(jnp.arange(24.0).reshape(2, 3, 4), named)
+    y = jax.jit(lambda a: a * 2)(x)  # XLA reports its own name for the same placement
+    z = jnp.arange(3.0)
+    kept, other = sharding.keep_shardings((y, z), (sharding.shardings_of(x), None))
+    assert kept.sharding == named
+    assert kept.unsafe_buffer_pointer() == y.unsafe_buffer_pointer()  # the same buffer, not a copy
+    np.testing.assert_array_equal(np.asarray(kept), 2 * np.arange(24.0).reshape(2, 3, 4))
+    assert other is z  # a leaf without a recorded sharding is left alone

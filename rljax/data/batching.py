@@ -16,9 +16,9 @@ from rljax.batches import pad_sequences
 from rljax.buckets import bucket_sizes
 
 
-def default_buckets(max_prompt_length: int, per_octave: int = 2) -> tuple[int, ...]:
-    """Prompt-width buckets: 16, 24, 32, 48, 64, ... below `max_prompt_length`, then it; with
-    `per_octave=4`: 16, 20, 24, 28, 32, 40, ... (`rljax.buckets`)."""
+def default_buckets(max_prompt_length: int, per_octave: int = 4) -> tuple[int, ...]:
+    """Prompt-width buckets: 16, 20, 24, 28, 32, 40, ... below `max_prompt_length`, then it; with
+    `per_octave=2`: 16, 24, 32, 48, 64, ... (`rljax.buckets`)."""
     if max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
     return bucket_sizes(max_prompt_length, 16, per_octave)

@@ -34,7 +34,7 @@ from rljax.data.encoded import EncodedSet, collate, encode_rows
 from rljax.data.prompts import format_prompt
 from rljax.data.transcripts import encode_transcripts
 from rljax.run_config import RunConfig
-from rljax.sharding import place_batch, to_host
+from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
 from rljax.training import loop
 from rljax.training.data import offline_rows
 from rljax.training.export import export_run
@@ -82,12 +82,10 @@ class OfflineTrainer:
         with self.run.released_on_error():  # a failed set-up frees the run directory
             tokenizer = self.run.tokenizer
             self.pad_id = pad_token_id(tokenizer)
-            # four widths per octave (at most a fifth padding, not a third): an offline step is all
-            # forward/backward, so padding is paid in full on every step, and a fixed data set meets
-            # few widths. rm_vs_trl's pairs (34-token prompts): packed rows of 40 + 2 x 16 = 72
-            # token-positions instead of 48 + 2 x 16 = 80.
-            self.prompt_buckets = default_buckets(d.max_prompt_length, per_octave=4)
-            self.completion_buckets = default_buckets(a.max_completion_length, per_octave=4)
+            # four widths per octave (rljax.buckets; at most a fifth padding): rm_vs_trl's pairs
+            # (34-token prompts) are packed rows of 40 + 2 x 16 = 72 token-positions, not 48 + 2 x 16 = 80.
+            self.prompt_buckets = default_buckets(d.max_prompt_length)
+            self.completion_buckets = default_buckets(a.max_completion_length)
             self.train_set = self._encode(train_rows, "train")
             self.eval_set = self._encode(eval_rows, "eval")
             if len(self.train_set) < a.batch_size:
@@ -230,9 +228,10 @@ class OfflineTrainer:
             metrics["time/ref_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         p = run.policy
-        p.params, p.opt_state, um = offline_update(p.graphdef, p.params, p.frozen, p.opt_state, batch,
-                                                   optimizer=p.optimizer, algorithm=a.name, cfg=a,
-                                                   num_micro=a.num_micro)
+        before = shardings_of((p.params, p.opt_state))
+        *state, um = offline_update(p.graphdef, p.params, p.frozen, p.opt_state, batch, optimizer=p.optimizer,
+                                    algorithm=a.name, cfg=a, num_micro=a.num_micro)
+        p.params, p.opt_state = keep_shardings(tuple(state), before)  # the next step reuses this compile
         metrics.update({k: float(v) for k, v in jax.device_get(um).items()})
         metrics["time/update_s"] = time.perf_counter() - t2
         metrics["time/step_s"] = time.perf_counter() - t0
