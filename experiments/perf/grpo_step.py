@@ -533,10 +533,14 @@ def main(argv=None) -> dict:
         verdict = "faster" if ratio >= 1 else "slower"
         print(f"\nTRL s/step / rljax s/step = {ratio:.2f} (rljax {max(ratio, 1 / ratio):.2f}x {verdict} per step on "
               f"this CPU; by part: {parts})")
-        print(f"target (rljax >= 1.4x faster, update >= 60% of the matmul peak): "
-              f"{'met' if ratio >= 1.4 and update_pct >= 60 else 'MISSED'} "
-              f"({ratio:.2f}x, update at {update_pct:.0f}% of {cpu_peak:.0f} GFLOP/s)")
-        results["target_met"] = bool(ratio >= 1.4 and update_pct >= 60)
+        ref_pct = 100 * cpu_rljax["gflops"]["ref"] / cpu_peak
+        # issue 13 section 5: the update and the reference pass at >= 75% of the matmul peak XLA
+        # reaches in the same run, so that rljax stays >= 1.4x faster than TRL on any host of this kind
+        met = ratio >= 1.4 and update_pct >= 75 and ref_pct >= 75
+        print(f"target (rljax >= 1.4x faster; update and reference >= 75% of the matmul peak): "
+              f"{'met' if met else 'MISSED'} ({ratio:.2f}x; update at {update_pct:.0f}%, reference at "
+              f"{ref_pct:.0f}% of {cpu_peak:.0f} GFLOP/s)")
+        results["target_met"] = bool(met)
     for r in results["rows"]:
         if r["side"] == "rljax":
             print(f"rljax ({r['device']}) matmul GFLOP/s in its run (best of before/after): "
