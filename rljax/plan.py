@@ -663,7 +663,7 @@ def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bo
         row_mask=_spec((R,), jnp.bool_, rows), finished=_spec((R,), jnp.bool_, rows),
         ref_logprobs=_spec((R, N), f32, rows) if reference else None,
         old_values=_spec((R, N), f32, rows) if values else None)
-    state = algo.initial_state(a) if algo.initial_state else None
+    state = algo.start_state(a)
     filled = jax.eval_shape(lambda b: algo.advantages_and_state(b, a, state)[0], base)
     return jax.tree.map(lambda x: _spec(x.shape, x.dtype, rows), filled)
 

@@ -67,6 +67,10 @@ class OnlineAlgorithm:
     initial_state: Callable[[Any], dict] | None = None
     online: bool = dataclasses.field(default=True, init=False)
 
+    def start_state(self, cfg) -> dict | None:
+        """The state before the first step: ``initial_state(cfg)``, None for a stateless algorithm."""
+        return None if self.initial_state is None else self.initial_state(cfg)
+
     def advantages_and_state(self, batch, cfg, state: dict | None):
         """``(batch with advantages, state')``: one call for stateless and stateful algorithms
         (``state'`` is ``None`` for a stateless one)."""

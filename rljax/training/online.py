@@ -207,7 +207,7 @@ class OnlineTrainer:
             self.iterator = PromptIterator(self.train_examples, a.prompts_per_step, seed=cfg.train.seed)
             # state an algorithm carries across steps (a moving-average baseline): the last completed
             # step's, saved with every checkpoint (rljax.training.loop.save)
-            self.algorithm_state = self.algorithm.initial_state(a) if self.algorithm.initial_state else None
+            self.algorithm_state = self.algorithm.start_state(a)
             if resume:
                 metadata = self.run.restore(resume_step)
                 self.iterator.load_state_dict(metadata["data"])
