@@ -23,14 +23,15 @@ equal to float32 rounding, not always bitwise: XLA:CPU contracts ``a * b + c`` i
 multiply-add inside a fusion (23% of random float32 triples round differently), so two programs
 fused differently can differ in a last bit, as optax's own update does from one program to another
 (tests/test_adamw.py, eager and jitted, against optax; a refused step leaves every array bitwise).
-Why not optax's update and a guard around it: under ``lax.cond``
-XLA copied the new moments out of the taken branch, and a ``jnp.where`` over optax's outputs made
-it recompute the new moments from the old ones inside the parameter update after writing them in
-place, so it copied the old moments first (SmolLM2-135M's 134.5 M float32 parameters on the 2-core
-CPU: 0.61-0.77 s for the cond-guarded tail, 0.51-0.56 s with wheres, 0.20-0.31 s for optax with no
-guard at all). Here the check is one read-only pass (p + u reduced to one bool, nothing written),
-and the writes select the moments first and compute the parameter update from the *selected*
-moments, so every array is read and overwritten in place once.
+Why not optax's update and a guard around it: under ``lax.cond`` XLA copied the new moments out of
+the taken branch, and a ``jnp.where`` over optax's outputs made it recompute the new moments from
+the old ones inside the parameter update after writing them in place, so it copied the old moments
+first. Here the check is one read-only pass (p + u reduced to one bool, nothing written), and the
+writes select the moments first and compute the parameter update from the *selected* moments, so
+every array is read and overwritten in place once. Measured on SmolLM2-135M's 134.5 M float32
+parameters, jitted and donated as the trainers call it, 7 rounds alternating in one process on the
+2-core CPU: 0.32 s, against 0.70 s for the ``lax.cond``-guarded optax step (0.37-3.3 s per call)
+and 0.165 s for optax with no guard at all (earlier: 0.51-0.56 s with wheres).
 """
 
 from __future__ import annotations
