@@ -346,16 +346,15 @@ class OnlineTrainer:
         perm_key = rng.step_key(rng.stream(self.cfg.train.seed, "minibatch"), run.step)
         critic = {} if c is None else dict(critic_graphdef=c.graphdef, critic_params=c.params, critic_frozen=c.frozen,
                                            critic_opt_state=c.opt_state, critic_optimizer=c.optimizer)
-        before = shardings_of((p.params, p.opt_state, None if c is None else (c.params, c.opt_state)))
+        before = shardings_of((p.params, p.opt_state, *((None, None) if c is None else (c.params, c.opt_state))))
         *state, metrics = update_epochs(
             p.graphdef, p.params, p.frozen, p.opt_state, batch, perm_key, optimizer=p.optimizer, algorithm=a.name,
             cfg=a, temperature=self.cfg.sampling.temperature, num_micro=a.num_micro,
             num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic)
         # the inputs' own shardings, so the next step reuses this compiled update (keep_shardings)
-        p.params, p.opt_state, critic_state = keep_shardings((state[0], state[1], None if c is None else
-                                                              tuple(state[2:])), before)
+        p.params, p.opt_state, critic_params, critic_opt_state = keep_shardings(tuple(state), before)
         if c is not None:
-            c.params, c.opt_state = critic_state
+            c.params, c.opt_state = critic_params, critic_opt_state
         return mean_update_metrics(metrics)
 
     # ------------------------------------------------------------------ evaluation
