@@ -75,8 +75,9 @@ def test_the_gradient_equals_the_dense_one():
 def test_the_gradient_never_holds_every_query_s_scores():
     """XLA's compiled temporary memory of the gradient of a one-layer pass whose [B, H, T, T] float32
     scores dominate (T = 256, width 32): dense attention keeps several score-sized arrays (measured
-    4.2x the scores), the chunked pass a few chunks' worth of them (measured: 0.24x the dense
-    pass at chunk 32, 0.20x at 16; a fixed ~0.8x-scores rest is the other activations)."""
+    3.2x the scores since the head-major attention layout, 4.2x before), the chunked pass a few
+    chunks' worth of them plus a fixed ~0.8x-scores rest of other activations (measured 1.04x the
+    scores at chunk 32: at least two whole score arrays less than the dense pass)."""
     cfg = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                       num_kv_heads=2, head_dim=8)
     graphdef, params = nnx.split(init_model(cfg, seed=0))
@@ -94,7 +95,8 @@ def test_the_gradient_never_holds_every_query_s_scores():
     scores_bytes = B * cfg.num_heads * T * T * 4
     dense, chunked = temp_bytes(None), temp_bytes(chunk)
     assert dense >= 3 * scores_bytes, (dense, scores_bytes)
-    assert chunked <= 0.3 * dense, (chunked, dense)
+    assert chunked <= dense - 2 * scores_bytes, (chunked, dense, scores_bytes)
+    assert chunked <= 1.1 * scores_bytes, (chunked, scores_bytes)
 
 
 def test_build_run_puts_the_setting_on_the_policy(tmp_path):
