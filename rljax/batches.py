@@ -50,6 +50,9 @@ class RolloutBatch:
     old_values                  ``[R, N]`` value estimates before the update (PPO), else None
     advantages                  ``[R, N]`` (filled by the algorithm's ``advantages``)
     returns                     ``[R, N]`` value targets (PPO), else None
+    prompt_group                static: K > 1 when every run of K consecutive rows shares its prompt
+                                (ids and mask), so the passes may run each prompt once
+                                (``rljax.logprobs.completion_states``); 1 claims nothing
     """
 
     prompt_ids: Array
@@ -65,6 +68,7 @@ class RolloutBatch:
     old_values: Array | None = None
     advantages: Array | None = None
     returns: Array | None = None
+    prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     @property
     def num_rows(self) -> int:

@@ -526,6 +526,7 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
     from rljax.algorithms import get as get_algorithm
     from rljax.sharding import replicated, use_mesh
+    from rljax.training.online import packing_group
     from rljax.update import optimizer_for
 
     target = get_target(target_name)
@@ -550,7 +551,10 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
             R, P, N = a.prompts_per_step * a.group_size, _prompt_width(cfg), cfg.sampling.max_new_tokens
             _check_batch_split(R, mesh, "algorithm.prompts_per_step × group_size")
             batch = _rollout_batch(algo, a, R, P, N, mesh, rules, reference=algo.needs_reference(a),
-                                   values=value_head is not None)
+                                   values=value_head is not None,
+                                   # single-turn groups share their prompt (rljax.training.online.rollout_batch)
+                                   prompt_group=1 if cfg.environment.name else packing_group(R, a.group_size,
+                                                                                             a.num_micro))
             critic = {}
             if value_head == "separate":
                 critic_config = model_config_for(a.critic_model or cfg.model.name)
@@ -648,7 +652,7 @@ def _prompt_width(cfg) -> int:
     return bucket_length(cfg.data.max_prompt_length, 16)  # the widest prompt bucket a batch can have
 
 
-def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bool):
+def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bool, prompt_group: int = 1):
     """The update's ``RolloutBatch`` as sharded shapes (rows over the batch axes), advantages filled
     by the algorithm's own function (traced, not run)."""
     from rljax.batches import RolloutBatch
@@ -662,7 +666,7 @@ def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bo
         loss_mask=_spec((R, N), i32, rows), old_logprobs=_spec((R, N), f32, rows), scores=_spec((R,), f32, rows),
         row_mask=_spec((R,), jnp.bool_, rows), finished=_spec((R,), jnp.bool_, rows),
         ref_logprobs=_spec((R, N), f32, rows) if reference else None,
-        old_values=_spec((R, N), f32, rows) if values else None)
+        old_values=_spec((R, N), f32, rows) if values else None, prompt_group=prompt_group)
     state = algo.start_state(a)
     filled = jax.eval_shape(lambda b: algo.advantages_and_state(b, a, state)[0], base)
     return jax.tree.map(lambda x: _spec(x.shape, x.dtype, rows), filled)

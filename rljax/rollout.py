@@ -31,7 +31,7 @@ from rljax.data.batching import TokenizedPrompts, pad_token_id, tokenize_prompts
 from rljax.data.prompts import format_prompt
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
-from rljax.sharding import gather_rows, local_rows, place_batch, to_host
+from rljax.sharding import batch_shards, gather_rows, local_rows, place_batch, to_host
 
 __all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "render_prompt", "rollout",
            "sampling_config", "stop_token_ids"]
@@ -270,6 +270,13 @@ def _keep_reward_outputs(rewards: RewardSet, examples: list[dict]) -> None:
                 ex.setdefault("reward_outputs", {})[name] = output
 
 
+def _sampler_group(rows: int, repeats: int) -> int:
+    """The sampler's ``prompt_group`` for ``rows`` made of each prompt ``repeats`` times (example-major,
+    so each run of ``repeats`` rows holds one prompt): ``repeats`` when the distinct prompts split over
+    the mesh's batch axes as the rows do, else 1 (every row prefilled)."""
+    return repeats if repeats > 1 and rows % repeats == 0 and (rows // repeats) % batch_shards() == 0 else 1
+
+
 def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
             sampling: SamplingConfig, fmt: PromptFormat, repeats: int = 1,
             rewards: RewardSet | None = None) -> Rollout:
@@ -295,7 +302,7 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
         # rows split over the active mesh's batch axes (none: the default device); the outputs
         # come back whole to this host (all-gathered when several processes share the batch)
         ids, ids_mask = place_batch((prompt_ids, prompt_mask))
-        sampled = generate(policy, ids, ids_mask, key, sampling)
+        sampled = generate(policy, ids, ids_mask, key, sampling, prompt_group=_sampler_group(R, repeats))
         mine = local_rows(sampled.tokens)  # the rows whose rewards this process computes
         out = jax.tree.map(to_host, sampled)
         tokens, mask, logprobs, finished = out.tokens, out.mask, out.logprobs, out.finished

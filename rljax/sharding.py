@@ -377,6 +377,19 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
 
 
+def batch_shards() -> int:
+    """How many ways the ``batch`` rule splits a batch's rows on the mesh in context (under ``jit``,
+    the abstract mesh; else :func:`active_mesh`): 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        mesh = active_mesh()
+    if mesh is None or getattr(mesh, "empty", False):
+        return 1
+    rules = _ACTIVE_RULES.get() or DEFAULT_RULES
+    target = _rule_table(rules).get("batch", ("data", "fsdp"))
+    return math.prod(dict(mesh.shape)[a] for a in _axes_of(target))
+
+
 def constrain_state(tree: Any) -> Any:
     """``with_sharding_constraint`` of a parameter-shaped tree (parameters, optimizer state) to the
     sharding each ``nnx.Variable``'s ``logical_axes`` give it (:func:`param_shardings`' rule; a

@@ -175,3 +175,40 @@ def test_bad_sampling_config_is_named():
         SamplingConfig(top_p=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingConfig(max_new_tokens=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_prompt_group_prefills_each_prompt_once_with_the_same_samples(model, monkeypatch, temperature):
+    """Rows in groups of 4 (each prompt repeated, as rollouts build them): prompt_group=4 runs the
+    prefill on one row per prompt and samples what prompt_group=1 does; the trainer's log-probs agree."""
+    _, ids, mask = _batch()
+    ids, mask = np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0)  # 12 rows, 3 prompts
+    prefill_rows = []
+    forward = type(model).forward
+
+    def spy(self, input_ids, *args, cache=None, **kwargs):
+        if cache is not None and input_ids.shape[1] > 1:  # the prefill (decode steps are one token)
+            prefill_rows.append(input_ids.shape[0])
+        return forward(self, input_ids, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    config = SamplingConfig(max_new_tokens=6, temperature=temperature)
+    grouped = generate(model, ids, mask, jax.random.key(4), config, prompt_group=4)
+    plain = generate(model, ids, mask, jax.random.key(4), config)
+    # traced once per program: 3 rows (one per prompt) for the grouped call; 12 for the plain one,
+    # unless an earlier test compiled that program already
+    assert prefill_rows[0] == 3 and set(prefill_rows) <= {3, 12}
+    np.testing.assert_array_equal(grouped.tokens, plain.tokens)
+    np.testing.assert_allclose(grouped.logprobs, plain.logprobs, atol=1e-5)
+    if temperature:  # sampled: the 4 rows of a group differ after their shared prompt
+        assert len({tuple(r) for r in np.asarray(grouped.tokens[:4])}) > 1
+    out = completion_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), grouped.tokens, grouped.mask,
+                              temperature=temperature)["logprobs"]
+    np.testing.assert_allclose(np.asarray(out) * grouped.mask, grouped.logprobs, atol=1e-5)
+
+
+def test_a_prompt_group_that_does_not_divide_the_batch_prefills_every_row(model):
+    _, ids, mask = _batch()  # 3 rows, groups of 2 do not divide them
+    config = SamplingConfig(max_new_tokens=4, temperature=1.0)
+    grouped = generate(model, ids, mask, jax.random.key(1), config, prompt_group=2)
+    np.testing.assert_array_equal(grouped.tokens, generate(model, ids, mask, jax.random.key(1), config).tokens)

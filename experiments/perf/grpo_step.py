@@ -48,7 +48,11 @@ characters / 256), so the groups have non-zero advantages and the whole loss run
   tied lm_head at each sampled position, attention over the context); a scoring forward = every
   prompt + completion token through the blocks, causal attention, the lm_head at the 64 completion
   positions; the update = 3 x that forward (backward ~ 2 x forward). Blocks cost 2 x their matmul
-  parameters per token; attention 4 x heads x head_dim per key per layer.
+  parameters per token; attention 4 x heads x head_dim per key per layer. These are the workload's
+  FLOPs, what TRL runs: rljax runs fewer, since a group's 4 rows share their prompt and its passes
+  run the prompt once (the sampler's prefill: ``generate(prompt_group=)``; the reference and the
+  update: ``RolloutBatch.prompt_group``, rljax.logprobs.completion_states, 25% fewer FLOPs in those
+  passes here), so "% of peak" of the reference and the update counts the work avoided as done.
 - Matmul peak: jitted float32 ``x @ w`` (``_common.matmul_gflops``, best of several bursts) at the
   decode shape 16x576x1536, the training shape 1024x576x1536 and 2048^3, measured in the rljax child
   before and after its steps; "% of peak" divides by the best of all of them. The TRL child measures

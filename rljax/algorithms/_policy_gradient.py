@@ -93,7 +93,8 @@ def policy_logprobs(model, batch: RolloutBatch, cfg: OnlineSettings, *, temperat
     # attend to every completion token (completion_mask): a multi-turn trajectory's environment tokens
     # are context the policy saw while sampling, though the loss (loss_mask) leaves them out
     out = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
-                              temperature=temperature, with_entropy=True, with_values=with_values)
+                              temperature=temperature, with_entropy=True, with_values=with_values,
+                              prompt_group=batch.prompt_group)
     if not cfg.entropy_coef:
         # logged only: XLA does not drop 0 * entropy, so without this the backward pass would run
         # through the [B, N, V] entropy computation for nothing.

@@ -51,7 +51,7 @@ from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
 from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
+from rljax.sharding import batch_shards, keep_shardings, place_batch, shardings_of, to_host
 from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
@@ -113,9 +113,10 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
     def one_pass(states, it):
         if mini_batches == 1:
             minis = jax.tree.map(lambda x: x[None], batch)
-        else:
+        else:  # rows drawn across groups: a mini-batch's rows no longer come in runs of one prompt
             order = jax.random.permutation(jax.random.fold_in(perm_key, it), rows)[: mini_batches * mb_rows]
-            minis = jax.tree.map(lambda x: x[order].reshape(mini_batches, mb_rows, *x.shape[1:]), batch)
+            minis = jax.tree.map(lambda x: x[order].reshape(mini_batches, mb_rows, *x.shape[1:]),
+                                 batch.replace(prompt_group=1))
         return jax.lax.scan(one_update, states, minis)
 
     (params, opt_state, critic_params, critic_opt_state, _), metrics = jax.lax.scan(
@@ -140,7 +141,8 @@ def mean_update_metrics(metrics: dict) -> dict[str, float]:
 def score_logprobs(graphdef, params, frozen, batch: RolloutBatch, *, temperature: float):
     """Log-probs ``[R, N]`` of the rollout's completion tokens under ``params``: no gradient."""
     return completion_logprobs(nnx.merge(graphdef, params, frozen), batch.prompt_ids, batch.prompt_mask,
-                               batch.completion_ids, batch.completion_mask, temperature=temperature)["logprobs"]
+                               batch.completion_ids, batch.completion_mask, temperature=temperature,
+                               prompt_group=batch.prompt_group)["logprobs"]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -150,9 +152,10 @@ def score_values(graphdef, params, frozen, batch: RolloutBatch):
                              batch.completion_ids, batch.completion_mask)
 
 
-def rollout_batch(roll: Rollout, *, mask_truncated: bool) -> RolloutBatch:
+def rollout_batch(roll: Rollout, *, mask_truncated: bool, group_size: int = 1, micro_batches: int = 1) -> RolloutBatch:
     """The ``RolloutBatch`` of a scored rollout: rows whose reward failed (and, with
-    ``mask_truncated``, rows that never stopped) are left out of the loss."""
+    ``mask_truncated``, rows that never stopped) are left out of the loss. ``prompt_group`` is
+    ``group_size`` where :func:`shared_prompt_group` allows it, else 1."""
     row_mask = np.asarray(roll.row_mask, bool)
     keep = row_mask & (np.asarray(roll.finished, bool) if mask_truncated else True)
     # a multi-turn trajectory trains on the policy's tokens only (the environment's are context)
@@ -161,7 +164,28 @@ def rollout_batch(roll: Rollout, *, mask_truncated: bool) -> RolloutBatch:
     return place_batch(RolloutBatch(
         prompt_ids=roll.prompt_ids, prompt_mask=roll.prompt_mask, completion_ids=roll.completion_ids,
         completion_mask=roll.completion_mask, loss_mask=loss_mask, old_logprobs=roll.logprobs,
-        scores=np.asarray(roll.scores, np.float32), row_mask=row_mask, finished=np.asarray(roll.finished, bool)))
+        scores=np.asarray(roll.scores, np.float32), row_mask=row_mask, finished=np.asarray(roll.finished, bool),
+        prompt_group=shared_prompt_group(roll.prompt_ids, roll.prompt_mask, group_size, micro_batches=micro_batches)))
+
+
+def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
+    """``group_size`` when ``rows`` split into ``micro_batches`` equal micro-batches of whole groups whose
+    packed rows (one per group) divide over the mesh's batch axes (``rljax.sharding.batch_shards``), else 1."""
+    if group_size < 2 or rows % (group_size * micro_batches) or (rows // group_size // micro_batches) % batch_shards():
+        return 1
+    return group_size
+
+
+def shared_prompt_group(prompt_ids: np.ndarray, prompt_mask: np.ndarray, group_size: int, *,
+                        micro_batches: int = 1) -> int:
+    """``group_size`` if each run of ``group_size`` consecutive rows has one prompt (ids and mask) and
+    :func:`packing_group` allows it (packed rows fewer than the batch shards would leave devices
+    computing the same rows); else 1."""
+    R = len(prompt_ids)
+    if packing_group(R, group_size, micro_batches) == 1:
+        return 1
+    same = lambda a: bool((np.asarray(a).reshape(R // group_size, group_size, -1) == np.asarray(a)[::group_size, None]).all())  # noqa: E731
+    return group_size if same(prompt_ids) and same(prompt_mask) else 1
 
 
 class OnlineTrainer:
@@ -287,7 +311,8 @@ class OnlineTrainer:
         t0 = time.perf_counter()
         roll, metrics = self.rollouts(rng.step_key(self.sample_stream, run.step))
         t_sample = time.perf_counter() - t0
-        batch = rollout_batch(roll, mask_truncated=a.mask_truncated)
+        batch = rollout_batch(roll, mask_truncated=a.mask_truncated, group_size=self.group_rows,
+                              micro_batches=a.num_micro)
         temperature = cfg.sampling.temperature
         t1 = time.perf_counter()
         if self.algorithm.needs_reference(a):
