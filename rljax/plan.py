@@ -526,7 +526,7 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
     from rljax.algorithms import get as get_algorithm
     from rljax.sharding import replicated, use_mesh
-    from rljax.training.online import packing_group
+    from rljax.rollout import packing_group
     from rljax.update import optimizer_for
 
     target = get_target(target_name)

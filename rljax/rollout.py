@@ -33,7 +33,7 @@ from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
 from rljax.sharding import batch_shards, gather_rows, local_rows, place_batch, to_host
 
-__all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "render_prompt", "rollout",
+__all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "packing_group", "render_prompt", "rollout",
            "sampling_config", "stop_token_ids"]
 
 
@@ -270,11 +270,14 @@ def _keep_reward_outputs(rewards: RewardSet, examples: list[dict]) -> None:
                 ex.setdefault("reward_outputs", {})[name] = output
 
 
-def _sampler_group(rows: int, repeats: int) -> int:
-    """The sampler's ``prompt_group`` for ``rows`` made of each prompt ``repeats`` times (example-major,
-    so each run of ``repeats`` rows holds one prompt): ``repeats`` when the distinct prompts split over
-    the mesh's batch axes as the rows do, else 1 (every row prefilled)."""
-    return repeats if repeats > 1 and rows % repeats == 0 and (rows // repeats) % batch_shards() == 0 else 1
+def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
+    """``group_size`` when ``rows`` split into ``micro_batches`` equal micro-batches of whole groups whose
+    packed rows (one per group) divide over the mesh's batch axes (``rljax.sharding.batch_shards``;
+    fewer would leave devices computing the same rows), else 1. The ``prompt_group`` the sampler's
+    prefill (``rollout``) and the trainer's passes (``rljax.training.online.rollout_batch``) may use."""
+    if group_size < 2 or rows % (group_size * micro_batches) or (rows // group_size // micro_batches) % batch_shards():
+        return 1
+    return group_size
 
 
 def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
@@ -302,7 +305,7 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
         # rows split over the active mesh's batch axes (none: the default device); the outputs
         # come back whole to this host (all-gathered when several processes share the batch)
         ids, ids_mask = place_batch((prompt_ids, prompt_mask))
-        sampled = generate(policy, ids, ids_mask, key, sampling, prompt_group=_sampler_group(R, repeats))
+        sampled = generate(policy, ids, ids_mask, key, sampling, prompt_group=packing_group(R, repeats))
         mine = local_rows(sampled.tokens)  # the rows whose rewards this process computes
         out = jax.tree.map(to_host, sampled)
         tokens, mask, logprobs, finished = out.tokens, out.mask, out.logprobs, out.finished

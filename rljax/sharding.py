@@ -309,7 +309,7 @@ def place_batch(tree: Any, mesh: Mesh | None = None, rules: Rules | Mapping[str,
         return jax.tree.map(jax.numpy.asarray, tree)
     rules = (_ACTIVE_RULES.get() or DEFAULT_RULES) if rules is None else rules
     rows_sharding = batch_sharding(mesh, rules)
-    shards = math.prod(dict(mesh.shape)[a] for a in _axes_of(rows_sharding.spec[0]))
+    shards = batch_shards(mesh, rules)
 
     def leaf(x):
         shape = np.shape(x)
@@ -377,17 +377,14 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
 
 
-def batch_shards() -> int:
-    """How many ways the ``batch`` rule splits a batch's rows on the mesh in context (under ``jit``,
-    the abstract mesh; else :func:`active_mesh`): 1 without one."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        mesh = active_mesh()
-    if mesh is None or getattr(mesh, "empty", False):
+def batch_shards(mesh: Mesh | None = None, rules: Rules | Mapping[str, MeshAxes] | None = None) -> int:
+    """How many ways the ``batch`` rule splits a batch's rows on ``mesh`` (default: :func:`active_mesh`;
+    1 without one)."""
+    mesh = active_mesh() if mesh is None else mesh
+    if mesh is None:
         return 1
-    rules = _ACTIVE_RULES.get() or DEFAULT_RULES
-    target = _rule_table(rules).get("batch", ("data", "fsdp"))
-    return math.prod(dict(mesh.shape)[a] for a in _axes_of(target))
+    rules = (_ACTIVE_RULES.get() or DEFAULT_RULES) if rules is None else rules
+    return math.prod(dict(mesh.shape)[a] for a in _axes_of(batch_sharding(mesh, rules).spec[0]))
 
 
 def constrain_state(tree: Any) -> Any:

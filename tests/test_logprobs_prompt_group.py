@@ -176,13 +176,13 @@ def optax_global_norm(tree):
 
 
 def test_packing_group_needs_whole_groups_per_micro_batch_and_packed_rows_for_every_batch_shard(monkeypatch):
-    from rljax.training import online
+    from rljax import rollout
 
-    assert online.packing_group(16, 4) == 4
-    assert online.packing_group(16, 4, 2) == 4  # 2 micro-batches of 2 whole groups
-    assert online.packing_group(12, 4, 2) == 1  # 6-row micro-batches would cut a group
-    assert online.packing_group(16, 1) == 1
-    monkeypatch.setattr(online, "batch_shards", lambda: 4)  # rows split 4 ways (e.g. mesh.fsdp=4)
-    assert online.packing_group(16, 4) == 4  # 4 packed rows, one per shard
-    assert online.packing_group(16, 4, 2) == 1  # 2 packed rows per micro-batch for 4 shards
-    assert online.packing_group(32, 4, 2) == 4
+    assert rollout.packing_group(16, 4) == 4
+    assert rollout.packing_group(16, 4, 2) == 4  # 2 micro-batches of 2 whole groups
+    assert rollout.packing_group(12, 4, 2) == 1  # 6-row micro-batches would cut a group
+    assert rollout.packing_group(16, 1) == 1
+    monkeypatch.setattr(rollout, "batch_shards", lambda: 4)  # rows split 4 ways (e.g. mesh.fsdp=4)
+    assert rollout.packing_group(16, 4) == 4  # 4 packed rows, one per shard
+    assert rollout.packing_group(16, 4, 2) == 1  # 2 packed rows per micro-batch for 4 shards
+    assert rollout.packing_group(32, 4, 2) == 4

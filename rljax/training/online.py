@@ -49,9 +49,9 @@ from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
-from rljax.rollout import PromptFormat, Rollout, concat_rollouts, rollout, sampling_config
+from rljax.rollout import PromptFormat, Rollout, concat_rollouts, packing_group, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sharding import batch_shards, keep_shardings, place_batch, shardings_of, to_host
+from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
 from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
@@ -168,18 +168,10 @@ def rollout_batch(roll: Rollout, *, mask_truncated: bool, group_size: int = 1, m
         prompt_group=shared_prompt_group(roll.prompt_ids, roll.prompt_mask, group_size, micro_batches=micro_batches)))
 
 
-def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
-    """``group_size`` when ``rows`` split into ``micro_batches`` equal micro-batches of whole groups whose
-    packed rows (one per group) divide over the mesh's batch axes (``rljax.sharding.batch_shards``), else 1."""
-    if group_size < 2 or rows % (group_size * micro_batches) or (rows // group_size // micro_batches) % batch_shards():
-        return 1
-    return group_size
-
-
 def shared_prompt_group(prompt_ids: np.ndarray, prompt_mask: np.ndarray, group_size: int, *,
                         micro_batches: int = 1) -> int:
     """``group_size`` if each run of ``group_size`` consecutive rows has one prompt (ids and mask) and
-    :func:`packing_group` allows it (packed rows fewer than the batch shards would leave devices
+    ``rljax.rollout.packing_group`` allows it (packed rows fewer than the batch shards would leave devices
     computing the same rows); else 1."""
     R = len(prompt_ids)
     if packing_group(R, group_size, micro_batches) == 1:
