@@ -181,7 +181,8 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
         cache = cache.replace(keys=jnp.repeat(cache.keys, K, axis=1), values=jnp.repeat(cache.values, K, axis=1),
                               mask=jnp.repeat(cache.mask, K, axis=0))
         hidden = jnp.repeat(hidden[:, -1:], K, axis=0)
-    logits = model.logits(hidden[:, -1])  # [B, V]
+    weights = model.decode_weights()  # see the decode loop's comment
+    logits = model.decode_logits(hidden[:, -1], weights)  # [B, V]
     next_position = attention_mask.sum(axis=-1).astype(jnp.int32)  # [B]
 
     token, logp = _pick(logits, jax.random.fold_in(key, 0), config)
@@ -194,19 +195,19 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
         i, _, _, _, _, _, done = carry
         return (i < N) & ~jnp.all(done)
 
-    # The decode loop runs the layers unrolled over weights sliced here, once, and a cache held as one
-    # array per layer: a layer scan inside the loop would copy each layer's weights and cache out of
-    # the stacked arrays on every step (on CPU, about half of the step's time). The price: during a
-    # generate call the sliced weights are a second copy of the layer weights (of each device's shard
-    # under FSDP), and the decode body compiles once per layer (compile time grows with depth).
-    layer_params = model.layer_params()
+    # The decode loop runs the layers unrolled over weights sliced (and laid out out-major) once, above,
+    # and a cache held as one array per layer: a layer scan inside the loop would copy each layer's
+    # weights and cache out of the stacked arrays on every step (on CPU, about half of the step's
+    # time). The price: during a generate call the sliced weights are a second copy of the layer
+    # weights and of an untied lm_head (of each device's shard under FSDP), and the decode body compiles once per layer
+    # (compile time grows with depth).
     cache = LayerKVCache.from_stacked(cache)
 
     def body(carry):
         i, cache, token, tokens, logprobs, mask, done = carry
         pos = (next_position + i - 1)[:, None]
-        hidden, cache = model.decode_step(token[:, None], pos, cache, layer_params)
-        new_token, new_logp = _pick(model.logits(hidden[:, 0]), jax.random.fold_in(key, i), config)
+        hidden, cache = model.decode_step(token[:, None], pos, cache, weights)
+        new_token, new_logp = _pick(model.decode_logits(hidden[:, 0], weights), jax.random.fold_in(key, i), config)
         alive = ~done
         new_token = jnp.where(alive, new_token, config.pad_token_id)
         tokens = tokens.at[:, i].set(new_token)
