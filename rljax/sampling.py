@@ -199,8 +199,8 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
     # and a cache held as one array per layer: a layer scan inside the loop would copy each layer's
     # weights and cache out of the stacked arrays on every step (on CPU, about half of the step's
     # time). The price: during a generate call the sliced weights are a second copy of the layer
-    # weights and of an untied lm_head (of each device's shard under FSDP), and the decode body compiles once per layer
-    # (compile time grows with depth).
+    # weights and of an untied lm_head (of each device's shard under FSDP), and the decode body
+    # compiles once per layer (compile time grows with depth).
     cache = LayerKVCache.from_stacked(cache)
 
     def body(carry):
