@@ -394,10 +394,9 @@ def constrain_state(tree: Any) -> Any:
     without a context mesh.
 
     Why: a jitted update whose new parameters and AdamW moments are not constrained leaves their
-    output sharding to the partitioner. ``rljax plan`` for 8 H100s (CUDA target) measured the GRPO
-    update of Qwen2.5-1.5B returning them replicated on every GPU: 8.63 GiB of outputs per GPU
-    against 1.08 GiB of sharded inputs, the whole state on each device after every step (the CPU
-    mesh happened to keep them sharded). Pinned, the outputs are what the inputs were.
+    output sharding to the partitioner, which for a GPU target returned them replicated on every
+    device, the whole state on each device after every step (the CPU mesh happened to keep them
+    sharded; see docs/performance.md#kept-shardings). Pinned, the outputs are what the inputs were.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:

@@ -1,4 +1,4 @@
-"""The last line a user sees names the cause (issue 16, item 17).
+"""The last line a user sees names the cause.
 
 Each test injects one mistake a careless user makes (a missing data file, a broken override, a
 typo in ``--checkpoint``, a bad ``generate`` flag, a full disk) and checks the message: the key,
