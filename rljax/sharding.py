@@ -426,8 +426,8 @@ def keep_shardings(tree: Any, shardings: Any) -> Any:
     Why: a jitted update's outputs come back with the sharding XLA reports, which names the same
     placement differently from the inputs' (a one-device mesh: ``P()`` for ``P(None, 'tensor',
     'fsdp')``); jit keys its cache on the sharding, so the next call compiled the update again
-    (grpo_step: a second compile of the GRPO update, ~5 s of its second step on the 2-core CPU,
-    minutes for a large model on an accelerator). A leaf whose sharding really differs is left as it is.
+    (seconds on a small model, minutes for a large one on an accelerator; docs/performance.md#kept-shardings).
+    A leaf whose sharding really differs is left as it is.
     """
     def one(x, s):
         if s is None or not isinstance(x, jax.Array) or x.sharding == s or not x.sharding.is_equivalent_to(s, x.ndim):

@@ -378,7 +378,7 @@ class Transformer(nnx.Module):
         the matmuls. The slices were a copy already, so the transposed copies cost no more memory
         (one copy of the weights, of each device's shard under FSDP, during a generate call).
         Out-major because XLA:CPU's matmul library runs a one-token step's ``[B, in] @ [in, out]``
-        2-3x slower than ``W[out, in] @ x[B, in]ᵀ`` (see :meth:`_proj`).
+        slower than ``W[out, in] @ x[B, in]ᵀ`` (see :meth:`_proj` and docs/performance.md#out-major-decode-weights).
         """
         layers = {k: v[...] for k, v in self.layers.items()}
         out = []
