@@ -16,8 +16,8 @@ Command (writes experiments/results/ablate_kl_placement.md; re-running skips fin
 It is ``rljax sweep configs/grpo_smollm2_arith.yaml --grid algorithm.kl_placement=loss,reward
 --seeds 0,1,2 algorithm.kl_coef=0.04`` then ``rljax compare``.
 
-Hardware and run time: recorded in the results file's header when it is run (not run yet: see
-the README's Ablations paragraph).
+Hardware and run time: recorded in the results file's header when it is run (the results so far: see
+docs/experiments.md, Ablations).
 """
 
 import os

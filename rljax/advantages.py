@@ -10,7 +10,7 @@ Missing rewards (a reward function that raised on one sample) are marked ``valid
 they are left out of every statistic and get advantage 0, as TRL does with its NaN rewards
 (``GRPOTrainer``/``RLOOTrainer`` "unscorable" completions).
 
-Two numerical guarantees hold for every estimator here (issue 16, items 13 and 14):
+Two numerical guarantees hold for every estimator here:
 
 * A flat set of values (a group whose valid rewards are all equal; a whitened batch whose valid
   entries are all equal) gives advantages of exactly 0.0. The float32 mean ``Σ R / n`` of equal
@@ -224,7 +224,7 @@ def whiten(
 
     PPO-RLHF whitens GAE advantages over all valid tokens of the batch (TRL ``masked_whiten``,
     verl ``torch_functional.masked_whiten``, both Bessel-corrected). Those compute
-    ``(x − mean) · rsqrt(var + eps)``; we use ``std + eps`` as in ``rl-formulas`` — identical in
+    ``(x − mean) · rsqrt(var + eps)``; we use ``std + eps`` as TRL's GRPO does — identical in
     float32 whenever ``std ≫ 1e-4``, and exactly 0 for constant input (``x`` with
     ``shift_mean=False``). Masked entries are 0.
 

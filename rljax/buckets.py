@@ -5,10 +5,8 @@ padded up to a bucket. The buckets are ``minimum`` times 1, 1.25, 1.5, 1.75, 2, 
 (four per power of two), so at most a fifth of a padded length is padding, while a run still
 compiles only O(log n) programs: 13 prompt widths from 16 to 128. Powers of two alone waste up to
 half (a 45-token chat prompt padded to 64 does 42% extra work); two per octave (16, 24, 32, 48, ...)
-up to a third. Measured (experiments/perf/grpo_step.py's batch, 16 rows of 39 prompt + 64 completion
-tokens, SmolLM2-135M, one process alternating both widths on the 2-core CPU): the prompt padded to 40
-instead of 48 made the reference pass 11% faster (2.66 s against 3.00 s) and the GRPO update 8%
-(8.31 s against 9.04 s); the price is one more compiled program per extra width a run meets.
+up to a third, and the padding saved shows in the step time (see docs/performance.md#prompt-buckets);
+the price is one more compiled program per extra width a run meets.
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@
 Why: XLA:CPU allocates the temporaries of every jitted call with ``malloc`` and frees them when the
 call ends. glibc serves a large allocation with a fresh ``mmap`` (always above 32 MiB, and for any
 size too big for a worker thread's 64 MiB arena) and gives it back with ``munmap`` on ``free``, so
-the next call touches brand-new pages and the kernel zeroes and maps each of them again. Measured
-on this project's GRPO update of SmolLM2-135M (float32, 16 x 112 tokens, 2-core CPU): 1.4 million
-minor page faults and 3.6 s of kernel time per call; with the settings below, no faults and the
-forward+backward pass went from 7.2 s to 5.2 s (``experiments/perf/grpo_step.py`` reports the
-whole step), and the main job (``rljax train configs/grpo_smollm2_arith.yaml``) from 268 s to 223 s
-(kernel time 112 s to 25 s, same metrics, peak RSS 5.6 GB either way). All three settings are
-needed: either half alone left the page faults in place.
+the next call touches brand-new pages and the kernel zeroes and maps each of them again. With the
+settings below those page faults are gone and training is markedly faster (the figures:
+docs/performance.md#host-memory). All three settings are needed: either half alone left the page
+faults in place.
 
-Where it loses: a short process that compiles many small programs. ``tests/test_train.py`` took
-137 s with the settings against 109 s without, so the test suite turns them off
+Where it loses: a short process that compiles many small programs, so the test suite turns them off
 (``tests/conftest.py``). The first calls of a new program can also be slow once, while the heap
 grows to its working size (new pages are faulted in once, not on every call).
 

@@ -65,9 +65,8 @@ def chunked_logprobs(
     The same values as ``token_logprobs(logits_fn(hidden), tokens)`` (and ``entropy``): each chunk's
     logits are computed, reduced to ``[B, chunk]`` and dropped inside a ``lax.map``, and the chunk
     body is rematerialised (``jax.checkpoint``), so the backward pass recomputes one chunk's logits
-    at a time instead of keeping all ``N / chunk`` of them. Measured (XLA's compiled temporary memory
-    of the gradient of log-probs + entropy, CPU): the full pass held four logits-sized float32 arrays
-    (67 MB for [4, 256, 4096] logits of 16.8 MB), the chunked one 8.7 MB with ``chunk=32``. At
+    at a time instead of keeping all ``N / chunk`` of them (the full pass holds several logits-sized
+    float32 arrays; the memory figures: docs/performance.md#chunked-log-probs). At
     16 completions x 1,024 tokens x a 152k vocabulary the logits alone are 10 GB; with
     ``chunk=128``, 1.2 GB. The cost is one more vocabulary projection per chunk in the backward
     pass. ``N`` need
@@ -144,9 +143,8 @@ def completion_states(model, prompt_ids, prompt_mask, completion_ids, completion
 
     Why: GRPO's G completions of a prompt share it. Repeating it in each row runs it G times; the
     GRPO benchmark's rows (4 prompts x 4 completions, 40 prompt + 64 completion tokens) are 1,664
-    token-positions unpacked and 1,184 packed. Measured on SmolLM2-135M (2-core CPU, medians of 4-10
-    alternating runs in one process): the scoring forward 2.66 vs 3.20 s, forward + backward 8.76
-    vs 11.32 s, log-probs equal to 4e-5 (tests/test_logprobs_packed.py).
+    token-positions unpacked and 1,184 packed, and the passes are faster by about that much (see
+    docs/performance.md#prompt-packing); the log-probs are equal (tests/test_logprobs_packed.py).
     """
     B, P = prompt_ids.shape
     N = completion_ids.shape[1]

@@ -70,14 +70,14 @@ class ChipSpec:
 
 # Per-chip figures, bfloat16 dense peak. Sources: Google Cloud TPU system-architecture pages
 # (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e: "Peak compute per chip", "HBM2 capacity and
-# bandwidth"); the CPU row is this project's measured float32 matmul rate (environment notes:
-# 129-160 GFLOP/s on 2 cores) split over the simulated devices, with an assumed ~20 GB/s of DRAM.
+# bandwidth"); the CPU row is a 2-core host's float32 matmul rate (docs/performance.md#cpu-matmul-rate)
+# split over the simulated devices, with an assumed ~20 GB/s of DRAM.
 CHIPS: dict[str, ChipSpec] = {
     "v4": ChipSpec("TPU v4", 32 * GiB, 275e12, 1200e9, "cloud.google.com/tpu/docs/v4"),
     "v5e": ChipSpec("TPU v5e", 16 * GiB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e"),
     "v5p": ChipSpec("TPU v5p", 95 * GiB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
     "v6e": ChipSpec("TPU v6e", 32 * GiB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e"),
-    "cpu": ChipSpec("CPU (host)", 0, 150e9, 20e9, "measured here (environment notes); memory: this host's RAM"),
+    "cpu": ChipSpec("CPU (host)", 0, 150e9, 20e9, "docs/performance.md#cpu-matmul-rate; memory: this host's RAM"),
     # NVIDIA GPUs (SXM boards): memory = device_memory_size of XLA's target description
     # (rljax/gpu_specs); dense bfloat16 Tensor Core peak and HBM bandwidth from NVIDIA's datasheets
     # (H100: 989.4 TFLOP/s, i.e. the 1,979 "with sparsity" halved, 3.35 TB/s; H200: same

@@ -14,7 +14,7 @@ them with a ``RewardSet``. The result, :class:`Rollout`, is host-side numpy: the
 arrays into batches, the pair builder (``rljax.pairs``) and the command line read its texts.
 
 The turn boundary: one call is one assistant turn for every row (prompt tokens in, completion
-tokens, their sampler log-probs and a stop flag out). A multi-turn episode (issue "agents") is a
+tokens, their sampler log-probs and a stop flag out). A multi-turn episode is a
 sequence of such calls whose prompt is the previous context plus the environment's reply; the
 completion mask then marks the policy's tokens only, which is what the losses train on.
 """

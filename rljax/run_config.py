@@ -44,9 +44,8 @@ class ModelSection:
     logits_chunk: Optional[int] = None
     # rematerialisation of the blocks in training and scoring passes (rljax/models/transformer.py
     # REMAT_POLICIES): none | block (keep each block's input only) | dots (also the weight matmuls).
-    # Measured on CPU (6 layers, [4, 256] tokens, compiled temporary memory of the gradient): with
-    # scan_layers: true 168 MB -> 33 MB (block) / 53 MB (dots); unrolled, XLA schedules the
-    # recomputation early and keeps ~95% (156 -> 148 MB): use it with scan_layers: true
+    # Unrolled, XLA schedules the recomputation early and saves little: use it with
+    # scan_layers: true (docs/performance.md#remat-and-scan)
     remat: Literal["none", "block", "dots"] = "none"
     # training and scoring passes attend this many query positions at a time (the same numbers;
     # memory O(chunk * T) instead of O(T^2) per layer: rljax/models/transformer.py

@@ -126,7 +126,7 @@ def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 256) -> j
     """One draw per row from ``softmax(logits)`` ``[B, V]`` by inverse CDF, from one uniform per row.
 
     ``jax.random.categorical`` (Gumbel-max) draws B * V random numbers; on CPU that and its argmax
-    cost more than the lm_head matmul (about 80 ms of a 480 ms decode step at B=64, V=49152). Here:
+    cost more than the lm_head matmul (docs/performance.md#smaller-things). Here:
     pick a block of ``block`` tokens by its probability mass, then a token inside the block, by
     cumulative sums in float32, so like Gumbel-max in float32 only tokens below about 1e-7 of the
     mass are mis-weighted. Tokens with zero probability (filtered to the dtype's minimum) are never

@@ -394,10 +394,9 @@ def constrain_state(tree: Any) -> Any:
     without a context mesh.
 
     Why: a jitted update whose new parameters and AdamW moments are not constrained leaves their
-    output sharding to the partitioner. ``rljax plan`` for 8 H100s (CUDA target) measured the GRPO
-    update of Qwen2.5-1.5B returning them replicated on every GPU: 8.63 GiB of outputs per GPU
-    against 1.08 GiB of sharded inputs, the whole state on each device after every step (the CPU
-    mesh happened to keep them sharded). Pinned, the outputs are what the inputs were.
+    output sharding to the partitioner, which for a GPU target returned them replicated on every
+    device, the whole state on each device after every step (the CPU mesh happened to keep them
+    sharded; see docs/performance.md#kept-shardings). Pinned, the outputs are what the inputs were.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
@@ -427,8 +426,8 @@ def keep_shardings(tree: Any, shardings: Any) -> Any:
     Why: a jitted update's outputs come back with the sharding XLA reports, which names the same
     placement differently from the inputs' (a one-device mesh: ``P()`` for ``P(None, 'tensor',
     'fsdp')``); jit keys its cache on the sharding, so the next call compiled the update again
-    (grpo_step: a second compile of the GRPO update, ~5 s of its second step on the 2-core CPU,
-    minutes for a large model on an accelerator). A leaf whose sharding really differs is left as it is.
+    (seconds on a small model, minutes for a large one on an accelerator; docs/performance.md#kept-shardings).
+    A leaf whose sharding really differs is left as it is.
     """
     def one(x, s):
         if s is None or not isinstance(x, jax.Array) or x.sharding == s or not x.sharding.is_equivalent_to(s, x.ndim):

@@ -246,7 +246,7 @@ def _guarded_optax_step(optimizer, grads, opt_state, params, ok):
         return (optax.apply_updates(p, u) if from_master is None else from_master), o
 
     # lax.cond, not jnp.where over every leaf: the where re-read the old parameters and optimizer
-    # state (SmolLM2-135M GRPO update on the 2-core CPU: 5.0 s with it, 4.75 s with the cond).
+    # state (docs/performance.md#smaller-things).
     new_params, new_opt_state = jax.lax.cond(ok & params_finite, step, lambda state: state[:2],
                                              (params, opt_state, updates, stepped_opt_state))
     return new_params, new_opt_state, params_finite

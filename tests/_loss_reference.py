@@ -71,7 +71,7 @@ def kl_ref(logprob, ref_logprob, estimator, old_logprob=None):
 # sequence importance_sampling_level), clipping L3113-3120, vLLM IS correction L3147, KL L3150,
 # clip metrics L3274-3275. Dual clip: verl core_algos.py `compute_policy_loss_vanilla`
 # (pg_losses3 = -advantages * clip_ratio_c; torch.min; torch.where(advantages < 0, ...)).
-# Entropy bonus per token as in rl-formulas ("ℓ −= c_H · H_t").
+# Entropy bonus per token as TRL and verl add it ("ℓ −= c_H · H_t").
 # --------------------------------------------------------------------------------------------
 def policy_loss_ref(logp, old, adv, mask, *, level="token", eps_low=0.2, eps_high=0.2,
                     dual_clip=None, is_ratio=None, ref=None, beta=0.0, kl_estimator="k3",

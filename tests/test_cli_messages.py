@@ -1,4 +1,4 @@
-"""The last line a user sees names the cause (issue 16, item 17).
+"""The last line a user sees names the cause.
 
 Each test injects one mistake a careless user makes (a missing data file, a broken override, a
 typo in ``--checkpoint``, a bad ``generate`` flag, a full disk) and checks the message: the key,
@@ -105,7 +105,7 @@ def _shell_words(command: str) -> list[str]:
 
 
 def test_the_readme_form_survives_a_shell():
-    with open(os.path.join(REPO, "README.md")) as f:
+    with open(os.path.join(REPO, "docs", "offline.md")) as f:
         readme = f.read()
     start = readme.index("`rljax train configs/dpo_smollm2_arith.yaml 'data.task=")
     command = readme[start + 1: readme.index("`", start + 1)]

@@ -1,4 +1,4 @@
-"""The import contracts of pyproject.toml ([tool.importlinter], shared/design.md's layering) hold.
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold.
 
 One test per contract, each a run of import-linter's `lint-imports` on this checkout, so a broken
 contract is named by its test and the failure shows import-linter's report (the offending import

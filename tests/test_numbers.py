@@ -1,4 +1,4 @@
-"""Numbers a run must not get silently wrong (issue 16, items 12-15), end to end on the tiny model:
+"""Numbers a run must not get silently wrong, end to end on the tiny model:
 
 - an update that would make the parameters non-finite (finite loss, NaN learning rate) is refused
   and the step stops with a message saying so, the parameters and optimizer state untouched;

@@ -105,7 +105,7 @@ def test_corpus_split_and_missing_cache_message(tmp_path, monkeypatch):
 
 
 def test_the_medium_preset_trains_longer_on_longer_completions():
-    # issue 17 §4: the default's frontier did not reproduce; --medium has longer completions and more steps
+    # the default's frontier did not reproduce; --medium has longer completions and more steps
     medium, default = repro.PRESETS["medium"], repro.PRESETS["default"]
     assert medium.pretrain.max_response_tokens > default.pretrain.max_response_tokens
     assert medium.dpo_epochs > default.dpo_epochs and medium.ppo_steps > default.ppo_steps

@@ -113,7 +113,7 @@ def test_a_verdict_needs_more_than_noise():
 
 
 def test_medium_is_offered_only_by_reproductions_that_define_it(tmp_path):
-    # dr_grpo_length_bias has a --medium preset (issue 17 §4): it parses to that preset and its folder;
+    # dr_grpo_length_bias has a --medium preset: it parses to that preset and its folder;
     # dapo_clip_higher has none, so the flag is an error there rather than a silent default run
     args = ap.parse_args("dr_grpo_length_bias", "", ["--medium", "--out", str(tmp_path / "m")],
                          presets=tuple(dr_grpo_length_bias.PRESETS))

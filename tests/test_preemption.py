@@ -1,7 +1,7 @@
 """Runs that survive being stopped: SIGTERM / SIGINT save and stop at a step boundary, periodic saves
 by time, a non-finite stop that resumes to the clean run, and tiny runs killed with SIGTERM and
 SIGKILL at seeded random points that resume to the uninterrupted run's parameters and metrics, bit
-for bit (issue 16, items 5 and 7)."""
+for bit."""
 
 import dataclasses
 import json

@@ -1,5 +1,5 @@
 """One run per run directory: refusal, --overwrite, the lock, the resume config check, convert
---overwrite, and the fall-back from a damaged latest checkpoint (issue 16, items 1-4 and 6)."""
+--overwrite, and the fall-back from a damaged latest checkpoint."""
 
 import dataclasses
 import glob

@@ -1,6 +1,6 @@
 """Bad data, settings and model directories are refused before step 0, with the place named
-(issue 16, items 8-11): online prompts checked row by row, ``too_long: filter`` applied before
-batching, config values checked per key, tokenizers checked against the model."""
+(online prompts checked row by row; ``too_long: filter`` applied before
+batching, config values checked per key, tokenizers checked against the model)."""
 
 import json
 import math

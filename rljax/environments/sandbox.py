@@ -28,14 +28,13 @@ layers, each of which stops some of these on its own:
    means: anything under a hidden path (a file there does not exist for the program) and, when
    the caller is root, anything not readable by `nobody`.
 
-Why the program runs as `nobody` when the caller is root, measured on this machine (Linux 6.18,
-bubblewrap 0.8), with RLIMIT_NPROC = 5 and a program that forks 20 sleeping children: as root, 20
-forks succeed (the kernel exempts uid 0 from RLIMIT_NPROC); inside `bwrap --unshare-user --uid 65534`
-started by root, 20 again (the namespace's uid maps to uid 0 outside, which is what the kernel
-checks). So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
+Why the program runs as `nobody` when the caller is root: the kernel exempts uid 0 from
+RLIMIT_NPROC, also inside `bwrap --unshare-user --uid 65534` started by root (the namespace's uid
+maps to uid 0 outside, which is what the kernel checks; docs/agents.md#sandboxed-execution).
+So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
 The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`, `setuid`) inside the
 namespaces root's bwrap built (it keeps the host's user namespace, where root may change uid), and
-then `fork` fails with EAGAIN past `max_processes` (19 children with a limit of 20, measured). As
+then `fork` fails with EAGAIN past `max_processes`. As
 `nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`: EPERM; inside the PID
 namespace its parent is bwrap's init anyway), nor read root's files. At the timeout, killing bwrap's
 process group takes its PID namespace down with it: children that left the process group (setsid)
@@ -43,9 +42,8 @@ die too (tests/test_sandbox.py checks that none is left).
 The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
 `max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
 runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
-processes of that namespace alone (measured as `nobody` with RLIMIT_NPROC = 5 while 6 other
-processes of `nobody` ran: 3 forks inside bwrap's user namespace, the program and bwrap's init
-being the other 2; 0 forks without bwrap), so the limit is `max_processes`.
+processes of that namespace alone (bwrap's init and the program among them), so the limit is
+`max_processes`.
 
 Without bwrap (or with `use_namespaces=False`) the program runs with layers 1-4 only, and bwrap's
 absence is logged once; `require_namespaces=True` refuses instead (`SandboxUnavailable`). Then:

@@ -2,9 +2,9 @@
 
 The layers' parameters are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``. A full-sequence pass without a cache (training, scoring) unrolls that scan unless
-``scan_layers`` is True: on the 2-core CPU the GRPO update of SmolLM2-135M took 4.7 s unrolled
-against 5.2-5.3 s under the loop (the loop stacks every layer's activations for the backward pass
-and slices its weights out each iteration), for 8 s more compile time. A rolled loop compiles as
+``scan_layers`` is True: unrolled, the update is about 10% faster (the loop stacks every layer's
+activations for the backward pass and slices its weights out each iteration) for a longer compile
+(docs/performance.md#remat-and-scan). A rolled loop compiles as
 fast for 30 layers as for one; set ``scan_layers=True`` (``load``, config ``model.scan_layers``)
 for deep models whose compile time matters more. The KV-cached prefill always loops; decoding has
 its own unrolled step over out-major weights (``decode_weights``). Every parameter carries logical
@@ -133,12 +133,11 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray, dtype, *, length: in
 
     With ``length`` (a bound the caller guarantees: every position ``< length``), ``cos``/``sin`` are
     computed for positions ``0 .. length - 1`` and looked up per token. That is the training and
-    scoring pass's case (positions counted from the mask, ``< T``), for a reason measured on XLA:CPU:
+    scoring pass's case (positions counted from the mask, ``< T``), because on XLA:CPU,
     computed per token, ``cos``/``sin`` are fused into every consumer of the rotated ``q``/``k`` and
     evaluated again there, per head, per layer and in the backward pass (an ``optimization_barrier``
-    does not stop it), while XLA does not fuse them into the operand of a gather. One layer's RoPE +
-    attention at SmolLM2-135M's shapes (16 x 104 tokens, 9 heads, 3 KV heads): 7.4 vs 8.9 ms forward,
-    15.1 vs 21.5 ms forward + backward. The values are the same (an integer position's angle either way).
+    does not stop it), while XLA does not fuse them into the operand of a gather (see
+    docs/performance.md#rope-tables). The values are the same (an integer position's angle either way).
     """
     at = jnp.arange(length, dtype=jnp.float32) if length is not None else positions.astype(jnp.float32)
     freqs = jnp.asarray(inv_freq).reshape((1,) * at.ndim + (-1,))
@@ -379,7 +378,7 @@ class Transformer(nnx.Module):
         the matmuls. The slices were a copy already, so the transposed copies cost no more memory
         (one copy of the weights, of each device's shard under FSDP, during a generate call).
         Out-major because XLA:CPU's matmul library runs a one-token step's ``[B, in] @ [in, out]``
-        2-3x slower than ``W[out, in] @ x[B, in]ᵀ`` (see :meth:`_proj`).
+        slower than ``W[out, in] @ x[B, in]ᵀ`` (see :meth:`_proj` and docs/performance.md#out-major-decode-weights).
         """
         layers = {k: v[...] for k, v in self.layers.items()}
         out = []
@@ -422,8 +421,8 @@ class Transformer(nnx.Module):
 
     def decode_logits(self, hidden: jax.Array, weights: dict) -> jax.Array:
         """:meth:`logits` of one position per row, ``hidden`` ``[B, D]`` -> ``[B, V]`` float32, from
-        :meth:`decode_weights`' out-major ``head``: ``(head @ hiddenᵀ)ᵀ`` (see :func:`_out_major_matmul`;
-        at the sampler's 16 x 576 x 49152, 13-15 ms against 24 ms for ``hidden @ headᵀ``)."""
+        :meth:`decode_weights`' out-major ``head``: ``(head @ hiddenᵀ)ᵀ`` (see :func:`_out_major_matmul`
+        and docs/performance.md#out-major-decode-weights)."""
         hidden = constrain(hidden, ("batch", "act_embed"))
         out = _out_major_matmul(weights["head"], hidden)
         return constrain(out.astype(jnp.float32), ("batch", "act_vocab"))
@@ -504,9 +503,8 @@ class Transformer(nnx.Module):
 def _out_major_matmul(w: jax.Array, x: jax.Array) -> jax.Array:
     """``x @ wᵀ`` for ``w`` ``[out, in]`` and ``x`` ``[M, in]``, computed as ``(w @ xᵀ)ᵀ``.
 
-    For the few rows of a decode step (M = 16 on SmolLM2-135M's 576 x 1536 MLP), XLA:CPU's matmul
-    library (YNNPACK) ran ``w @ xᵀ`` at 62-102 GFLOP/s against 27-37 for ``x @ w_in_out`` and 36-63 for
-    ``x @ wᵀ`` in the same process (medians of 7, 30 distinct weights per shape). The
+    For the few rows of a decode step, XLA:CPU's matmul library (YNNPACK) runs ``w @ xᵀ`` about twice
+    as fast as ``x @ w_in_out`` or ``x @ wᵀ`` (see docs/performance.md#out-major-decode-weights). The
     ``optimization_barrier`` keeps XLA from folding the final transpose into the dot's output layout,
     which turns it back into ``x @ wᵀ``; the transpose itself is of an ``[out, M]`` activation.
     """
@@ -532,10 +530,7 @@ def _attention(q, k, v, key_mask, query_slots, key_segments=None, query_segments
     # Head-major operands, [B, KVH, G*T, hd] and [B, KVH, S, hd], so both matmuls are plain batched
     # ones (batch dims leading, contracting the last dim) and each layout change moves whole
     # hd-vectors. Given "btkgh,bskh->bkgts" instead, XLA:CPU transposed q, k and the probabilities
-    # element by element on its own. One layer's RoPE + attention at SmolLM2-135M's shapes (16 x 104
-    # tokens, 9 heads, 3 KV heads): 8.9 vs 12.2 ms forward, 21.5 vs 23.6 ms forward + backward; with
-    # rope_tables' lookup as well, the GRPO benchmark's reference pass 2.32 vs 2.53 s, update 7.50 vs
-    # 7.81 s (medians of 5, alternating in one process).
+    # element by element on its own (the timings: docs/performance.md#head-major-attention).
     qt = q.reshape(B, T, KVH, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, hd)
     scores = jnp.einsum("bkmh,bksh->bkms", qt, k.transpose(0, 2, 1, 3)).reshape(B, KVH, G, T, S)
     scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32) / math.sqrt(hd), jnp.finfo(jnp.float32).min)
@@ -553,7 +548,7 @@ def _chunked_causal_attention(q, k, v, key_mask, chunk: int, segments=None):
     ``lax.map``, each over the full row of keys (the causal mask as in :func:`_attention`; T is padded
     to a multiple of ``chunk``, the padded queries dropped). A first version looped in Python with
     static key slices (half the work of a causal pass), but XLA kept every chunk's scores alive at
-    once (measured 4.4 MB vs 2.1 MB of temporaries on tests/test_attention_chunked.py's program).
+    once (about twice the temporaries; docs/performance.md#chunked-attention).
     Each chunk is a ``jax.checkpoint``: a backward pass keeps its inputs and recomputes its
     ``[B, H, chunk, T]`` scores, so no chunk's scores outlive it (without it the gradient would save
     every chunk's softmax, ``O(T^2)`` again).

@@ -23,9 +23,8 @@ What the reference implementations start from:
   (``verl/utils/model.py:load_valuehead_model``): transformers' normal(initializer_range) head.
 
 None of them starts from zero. A zero head has a zero gradient with respect to the hidden state,
-so in full fine-tuning nothing below the head learns until the head has grown: measured on
-SmolLM2-135M at lr 1e-5, a zero head's reward-model loss was still 0.598 after 20 steps where a
-normal(0.02) head reached 1e-4 (issue 15). So a reward model starts from normal(0.02). PPO starts
+so in full fine-tuning nothing below the head learns until the head has grown (see
+docs/offline.md#reward-and-value-heads). So a reward model starts from normal(0.02). PPO starts
 from zero (a zero head predicts exactly 0 at the start; a shared head's body is trained by the policy
 loss anyway): in short PPO runs, shared head and separate critic, it fitted the returns as well or
 slightly better than normal(0.02) (experiments/results/ppo_value_head_init.md).
