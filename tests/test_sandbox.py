@@ -125,14 +125,16 @@ def test_settings_are_checked_with_their_names():
         run_python("pass", files={"../escape.py": "x"})
 
 
-def test_require_namespaces_refuses_to_run_without_them():
-    with pytest.raises(SandboxUnavailable, match="require_namespaces"):
-        run_python("print(1)", config={"use_namespaces": False, "require_namespaces": True})
+def test_without_namespaces_a_run_is_refused_unless_allowed():
+    with pytest.raises(SandboxUnavailable, match=r"bubblewrap.*apt-get install bubblewrap.*allow_unsandboxed: true"):
+        run_python("print(1)", config={"use_namespaces": False})
+    with pytest.raises(ValueError, match=r"sandbox.require_namespaces is no longer a setting.*allow_unsandboxed"):
+        run_python("print(1)", config={"require_namespaces": True})
 
 
 def test_without_namespaces_the_other_layers_still_hold():
-    cfg = {"use_namespaces": False, "timeout_s": 0.5}
-    assert run_python("print(1)", config=cfg).stdout == "1\n"
+    cfg = {"use_namespaces": False, "allow_unsandboxed": True, "timeout_s": 0.5}
+    assert run_python("print(1)", config={**cfg, "timeout_s": 5.0}).stdout == "1\n"
     result = run_python("while True:\n    pass", config=cfg)
     assert result.killed_reason == "timeout" and not result.namespaces
     result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64})
