@@ -37,15 +37,26 @@ def hide_bwrap(monkeypatch, tmp_path):
     sandbox._PLAIN_STATE.update(saved[1])
 
 
-@pytest.fixture(params=["bwrap", "unsandboxed"])
-def mode(request):
-    """The settings of one run: {} with bwrap, `allow_unsandboxed: true` with bwrap hidden from PATH."""
+@pytest.fixture(params=["bwrap", "unsandboxed", "unsandboxed_no_pid_namespace"])
+def mode(request, monkeypatch):
+    """The settings of one run: {} with bwrap, `allow_unsandboxed: true` with bwrap hidden from PATH;
+    the last also without the supervisor's PID namespace (where the kernel refuses one), so that the
+    subreaper's own kill of every descendant is what is tested."""
     if request.param == "bwrap":
         if not _bwrap_works():
             pytest.skip("bwrap (bubblewrap) is not usable here")
         return {}
     request.getfixturevalue("hide_bwrap")
+    if request.param == "unsandboxed_no_pid_namespace":
+        assert sandbox._SUPERVISOR.count("libc.unshare(NEWPID) == 0") == 1
+        monkeypatch.setattr(sandbox, "_SUPERVISOR", sandbox._SUPERVISOR.replace("libc.unshare(NEWPID) == 0", "False"))
     assert not sandbox.bwrap_available()
+    try:
+        layers = sandbox.unsandboxed_layers()
+    except SandboxUnavailable as exc:  # the refusal is the guarantee where no unprivileged run is possible
+        assert "apt-get install bubblewrap" in str(exc)
+        pytest.skip(f"without bwrap the sandbox refuses here: {exc}")
+    assert ("pid" in layers) == (request.param == "unsandboxed") or os.geteuid() != 0
     return {"allow_unsandboxed": True}
 
 
