@@ -4,58 +4,50 @@
     result.stdout == "45\\n"; result.killed_reason is None
 
 Model text is adversarial input: an infinite loop, a fork bomb, a memory bomb, gigabytes of output, a
-write over the repository, a read of a secret, a network connection, a signal to the trainer. The
-layers, each of which stops some of these on its own:
+write over the repository, a read of a secret, a network connection, a signal to the trainer,
+children that detach (setsid, double fork) to outlive the run. docs/sandbox.md lists the layers, what
+each guarantees and how the tests attack them. In short:
 
 1. A fresh scratch directory (a `tempfile.mkdtemp`, deleted after the run) is the working directory
    and the only place the program can write; the program is `main.py` in it, `files` beside it.
 2. An empty environment (`env={}`) and `python -E -s -B`: no inherited variables, no user site, no
    `.pyc` written. `stdin` goes through a pipe, so input the program has read cannot be read again
    (the code tasks send their hidden test inputs that way).
-3. A process group of its own (`start_new_session`), SIGKILLed as a whole at the wall-clock timeout,
-   at the output cap, and when the caller is interrupted. SIGKILL, not SIGTERM: a program that
-   ignores SIGTERM dies just the same.
-4. Resource limits, set by a small bootstrap in the child just before it `exec`s the program:
-   RLIMIT_CPU (CPU seconds, the backstop of the wall-clock kill), RLIMIT_AS (`memory_mb` of address
-   space: an allocation past it raises MemoryError), RLIMIT_NPROC (processes), RLIMIT_NOFILE (open
-   files), RLIMIT_FSIZE (the largest file it can write) and RLIMIT_CORE = 0.
-5. Where `bwrap` (bubblewrap) is installed and works: a namespace sandbox. New PID, network, IPC, UTS
-   (and, where the kernel allows, cgroup) namespaces: no network but a loopback of its own, no view
-   of other processes. The file system is the host's, read-only (`--ro-bind / /`), with empty
-   read-only tmpfs over `HIDDEN_PATHS` (home directories, /root, /tmp, /var/tmp, /run, plus the
-   caller's working directory and `SandboxConfig.hide`), the Python installation mounted back
-   read-only, and the scratch directory mounted writable at `/tmp/sandbox`. "Should not see" thus
-   means: anything under a hidden path (a file there does not exist for the program) and, when
-   the caller is root, anything not readable by `nobody`.
+3. Resource limits set in the child just before it `exec`s the program: RLIMIT_CPU, RLIMIT_AS
+   (`memory_mb`: an allocation past it raises MemoryError), RLIMIT_NPROC, RLIMIT_NOFILE,
+   RLIMIT_FSIZE and RLIMIT_CORE = 0.
+4. Never the caller's privileges: a root caller's program runs as `nobody` (uid/gid 65534, no
+   supplementary groups; the kernel exempts uid 0 from RLIMIT_NPROC, so only that bounds a fork bomb),
+   so it cannot write root's files, read files only root may read, or signal the trainer.
+5. The namespace sandbox, required by default: `bwrap` (bubblewrap) with new PID, network, IPC, UTS
+   (and, where the kernel allows, cgroup) namespaces, `--die-with-parent`, the host's file system
+   read-only with empty read-only tmpfs over `HIDDEN_PATHS` (home directories, /root, /tmp, /var/tmp,
+   /run, the caller's working directory, `SandboxConfig.hide`), the Python installation mounted back
+   read-only and the scratch directory writable at `/tmp/sandbox`. A root caller keeps the host's
+   user namespace (a user namespace's uid would map to root outside) and the bootstrap drops to
+   `nobody` inside; other callers get `--unshare-all` and `--uid/--gid 65534` in a user namespace
+   of their own. At the end of a run bwrap's process group is SIGKILLed, which takes its PID
+   namespace, and with it every descendant however it detached, down.
 
-Why the program runs as `nobody` when the caller is root, measured on this machine (Linux 6.18,
-bubblewrap 0.8), with RLIMIT_NPROC = 5 and a program that forks 20 sleeping children: as root, 20
-forks succeed (the kernel exempts uid 0 from RLIMIT_NPROC); inside `bwrap --unshare-user --uid 65534`
-started by root, 20 again (the namespace's uid maps to uid 0 outside, which is what the kernel
-checks). So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
-The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`, `setuid`) inside the
-namespaces root's bwrap built (it keeps the host's user namespace, where root may change uid), and
-then `fork` fails with EAGAIN past `max_processes` (19 children with a limit of 20, measured). As
-`nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`: EPERM; inside the PID
-namespace its parent is bwrap's init anyway), nor read root's files. At the timeout, killing bwrap's
-process group takes its PID namespace down with it: children that left the process group (setsid)
-die too (tests/test_sandbox.py checks that none is left).
-The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
-`max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
-runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
-processes of that namespace alone (measured as `nobody` with RLIMIT_NPROC = 5 while 6 other
-processes of `nobody` ran: 3 forks inside bwrap's user namespace, the program and bwrap's init
-being the other 2; 0 forks without bwrap), so the limit is `max_processes`.
-
-Without bwrap (or with `use_namespaces=False`) the program runs with layers 1-4 only, and bwrap's
-absence is logged once; `require_namespaces=True` refuses instead (`SandboxUnavailable`). Then:
-a root caller drops to `nobody` only when the interpreter is reachable by others (a Python under
-/root, mode 0700, is not), otherwise it runs as root with no process bound but the timeout; a caller
-that is not root runs as itself, so the program can read what the trainer can and signal it, and
-RLIMIT_NPROC is set to the caller's current task count plus `max_processes`. Use bwrap for training.
+Without a working bwrap a run is refused (`SandboxUnavailable`, naming bubblewrap and
+`apt-get install bubblewrap`) unless `allow_unsandboxed: true`, which logs a warning when the
+sandbox is built (`check_namespaces`) and on the first run of a process. Then a supervisor (the
+child's first code, `_SUPERVISOR`) keeps the caller's privileges, makes itself a child subreaper
+(PR_SET_CHILD_SUBREAPER), unshares what the kernel allows (a PID namespace whose init is its child,
+a network namespace with a loopback that is down, IPC; a mount namespace with an empty tmpfs over
+the directory that kept `nobody` from the interpreter, e.g. /root for a Python in /root/.pyenv) and
+runs the program in a session of its own as `nobody`. At the timeout (the caller's SIGTERM), at the
+program's exit, or when the caller dies, it SIGKILLs every descendant (each orphan is reparented to
+it) until none is left. It refuses (no program run, `SandboxUnavailable`) when the program cannot
+drop privileges: a root caller whose interpreter `nobody` cannot reach and no mount namespace to fix
+that, or a caller that is not root without a user and a PID namespace (the program would run as the
+caller and could signal it). `ExecResult.isolation` names the layers a run got.
 
 What is not bounded: disk use inside the scratch directory beyond `max_file_mb` per file (many files
-can be written until the timeout); CPU shares (a run is one process group on a shared CPU).
+can be written until the timeout); CPU shares (a run is one process group on a shared CPU). Without
+bwrap also: the program sees the host's file system as `nobody` does (world-readable files, and it
+may write world-writable directories such as /tmp and /dev/shm until the timeout), and it has the
+host's network where the kernel refused a network namespace.
 
 `killed_reason` (None when the program ran to its end without hitting a bound) names what stopped
 or refused it: "timeout" (the wall clock; `timed_out` is True), "cpu_time" (RLIMIT_CPU),
@@ -82,7 +74,6 @@ import re
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -287,7 +278,6 @@ _GATES_LOCK = threading.Lock()
 _BWRAP_STATE: dict[str, Any] = {"ok": None, "why": ""}
 _PLAIN_STATE: dict[str, Any] = {"layers": None, "refused": ""}
 _BWRAP_LOCK = threading.Lock()
-_WARNED: set[str] = set()
 
 
 def _gate(bound: int) -> threading.BoundedSemaphore:
@@ -295,12 +285,6 @@ def _gate(bound: int) -> threading.BoundedSemaphore:
         if bound not in _GATES:
             _GATES[bound] = threading.BoundedSemaphore(bound)
         return _GATES[bound]
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        logger.warning(message, *args)
 
 
 def _check_file_name(name: Any) -> None:
@@ -344,7 +328,7 @@ def _run(code: str, stdin: str, files: Mapping[str, str | bytes], cfg: SandboxCo
         if namespaces:
             program = [executable, "-E", "-s", "-B", "-c", _BOOTSTRAP, json.dumps(limits), executable]
             return _execute(_bwrap_argv(scratch, prefix, cfg, root) + program, scratch, stdin.encode(), cfg, True)
-        limits.update(prefix=prefix, backstop_s=cfg.timeout_s + 10.0)
+        limits.update(prefix=prefix, backstop_s=cfg.timeout_s + 10.0, caller=os.getpid())
         program = [executable, "-E", "-s", "-B", "-c", _SUPERVISOR, json.dumps(limits), executable]
         return _execute(program, scratch, stdin.encode(), cfg, False, supervised=True)
     finally:
@@ -470,7 +454,7 @@ def reachable(path):
 
 signal.signal(signal.SIGTERM, on_term)
 libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the caller died
-if os.getppid() == 1:
+if os.getppid() != limits["caller"]:  # it died before the line above
     os._exit(71)
 layers = []
 if libc.prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
@@ -627,24 +611,6 @@ def _hidden_paths(cfg: SandboxConfig, prefix: str) -> list[str]:
 
 def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def _others_can_run(executable: str, prefix: str) -> bool:
-    """Whether uid `nobody` can reach the interpreter and its library (every directory on the way o+x)."""
-    for target in (executable, prefix):
-        path = target
-        while True:
-            try:
-                mode = os.stat(path).st_mode
-            except OSError:
-                return False
-            if not mode & stat.S_IXOTH:
-                return False
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
-    return True
 
 
 def _task_count(uid: int) -> int:
