@@ -232,3 +232,23 @@ def test_killing_the_parent_is_refused():
     result = run_python(code, config=FAST)
     assert result.killed_reason == "denied" and "Operation not permitted" in result.stderr
     _still_works()
+
+
+def test_bwrap_command_line_isolates_everything_and_drops_privileges(monkeypatch):
+    from rljax.environments.sandbox import _bwrap_argv, _hidden_paths
+
+    prefix = os.path.realpath(sys.base_prefix)
+    cfg = SandboxConfig()
+    for root in (True, False):
+        argv = _bwrap_argv("/tmp/rljax-sandbox-x", prefix, cfg, root)
+        pairs = list(zip(argv, argv[1:]))
+        assert "--die-with-parent" in argv and "--new-session" in argv
+        assert ("--ro-bind", "/") in pairs and ("--tmpfs", "/tmp") in pairs  # read-only host, private /tmp
+        assert ("--remount-ro", "/tmp") in pairs and ("--bind", "/tmp/rljax-sandbox-x") in pairs
+        assert argv[-3:] == ["--chdir", "/tmp/sandbox", "--"]
+        if root:  # the host's user namespace, where the bootstrap can drop to nobody (see the module docstring)
+            assert {"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"} <= set(argv)
+            assert "--unshare-user" not in argv and "--uid" not in argv
+        else:
+            assert "--unshare-all" in argv and ("--uid", "65534") in pairs and ("--gid", "65534") in pairs
+    assert "/root" in _hidden_paths(cfg, prefix) or not os.path.isdir("/root")
