@@ -137,7 +137,7 @@ def test_without_namespaces_the_other_layers_still_hold():
     assert run_python("print(1)", config={**cfg, "timeout_s": 5.0}).stdout == "1\n"
     result = run_python("while True:\n    pass", config=cfg)
     assert result.killed_reason == "timeout" and not result.namespaces
-    result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64})
+    result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64, "timeout_s": 5.0})
     assert result.killed_reason == "memory"
 
 
