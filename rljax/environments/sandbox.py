@@ -534,6 +534,7 @@ if main_pid == 0:
     try:
         if "pid" in layers:  # we are the namespace's init: run the program as our child, pass on its status
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the supervisor's death ends the namespace
             program = os.fork()
             if program == 0:
                 os.close(status_fd)
