@@ -822,4 +822,4 @@ def _probe_bwrap() -> tuple[bool, str]:
 
 
 __all__ = ["ExecResult", "HIDDEN_PATHS", "SandboxConfig", "SandboxUnavailable", "bwrap_available",
-           "check_namespaces", "run_many", "run_python"]
+           "check_namespaces", "run_many", "run_python", "unsandboxed_layers"]
