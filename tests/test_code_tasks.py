@@ -136,6 +136,7 @@ def test_code_tests_reward_scores_a_batch():
 def test_code_tests_reward_checks_its_sandbox_settings_at_start():
     with pytest.raises(ValueError, match=r"rewards.code.sandbox: unknown setting\(s\) 'timeout'"):
         build_rewards({"code": {"type": "code_tests", "sandbox": {"timeout": 1}}})
-    with pytest.raises(SandboxUnavailable, match="rewards.code.sandbox.require_namespaces is true"):
-        build_rewards({"code": {"type": "code_tests",
-                                "sandbox": {"use_namespaces": False, "require_namespaces": True}}})
+    with pytest.raises(SandboxUnavailable, match=r"rewards.code.sandbox: refusing .*apt-get install bubblewrap"):
+        build_rewards({"code": {"type": "code_tests", "sandbox": {"use_namespaces": False}}})
+    with pytest.raises(ValueError, match=r"rewards.code.sandbox.require_namespaces is no longer .*allow_unsandboxed"):
+        build_rewards({"code": {"type": "code_tests", "sandbox": {"require_namespaces": False}}})

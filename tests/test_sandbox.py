@@ -125,17 +125,19 @@ def test_settings_are_checked_with_their_names():
         run_python("pass", files={"../escape.py": "x"})
 
 
-def test_require_namespaces_refuses_to_run_without_them():
-    with pytest.raises(SandboxUnavailable, match="require_namespaces"):
-        run_python("print(1)", config={"use_namespaces": False, "require_namespaces": True})
+def test_without_namespaces_a_run_is_refused_unless_allowed():
+    with pytest.raises(SandboxUnavailable, match=r"bubblewrap.*apt-get install bubblewrap.*allow_unsandboxed: true"):
+        run_python("print(1)", config={"use_namespaces": False})
+    with pytest.raises(ValueError, match=r"sandbox.require_namespaces is no longer a setting.*allow_unsandboxed"):
+        run_python("print(1)", config={"require_namespaces": True})
 
 
 def test_without_namespaces_the_other_layers_still_hold():
-    cfg = {"use_namespaces": False, "timeout_s": 0.5}
-    assert run_python("print(1)", config=cfg).stdout == "1\n"
+    cfg = {"use_namespaces": False, "allow_unsandboxed": True, "timeout_s": 0.5}
+    assert run_python("print(1)", config={**cfg, "timeout_s": 5.0}).stdout == "1\n"
     result = run_python("while True:\n    pass", config=cfg)
     assert result.killed_reason == "timeout" and not result.namespaces
-    result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64})
+    result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64, "timeout_s": 5.0})
     assert result.killed_reason == "memory"
 
 
@@ -230,3 +232,23 @@ def test_killing_the_parent_is_refused():
     result = run_python(code, config=FAST)
     assert result.killed_reason == "denied" and "Operation not permitted" in result.stderr
     _still_works()
+
+
+def test_bwrap_command_line_isolates_everything_and_drops_privileges(monkeypatch):
+    from rljax.environments.sandbox import _bwrap_argv, _hidden_paths
+
+    prefix = os.path.realpath(sys.base_prefix)
+    cfg = SandboxConfig()
+    for root in (True, False):
+        argv = _bwrap_argv("/tmp/rljax-sandbox-x", prefix, cfg, root)
+        pairs = list(zip(argv, argv[1:]))
+        assert "--die-with-parent" in argv and "--new-session" in argv
+        assert ("--ro-bind", "/") in pairs and ("--tmpfs", "/tmp") in pairs  # read-only host, private /tmp
+        assert ("--remount-ro", "/tmp") in pairs and ("--bind", "/tmp/rljax-sandbox-x") in pairs
+        assert argv[-3:] == ["--chdir", "/tmp/sandbox", "--"]
+        if root:  # the host's user namespace, where the bootstrap can drop to nobody (see the module docstring)
+            assert {"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"} <= set(argv)
+            assert "--unshare-user" not in argv and "--uid" not in argv
+        else:
+            assert "--unshare-all" in argv and ("--uid", "65534") in pairs and ("--gid", "65534") in pairs
+    assert "/root" in _hidden_paths(cfg, prefix) or not os.path.isdir("/root")

@@ -5,8 +5,9 @@
 ``tools``       tools with JSON schemas, the tool-call format and ``ToolEnvironment``
 ``episodes``    multi-turn rollouts and their credit
 ``calculator``, ``toy``  environments
-``sandbox``     ``run_python``: untrusted Python in a process group with rlimits, a scratch directory,
-                an empty environment and, where bwrap works, namespaces (no network, read-only files)
+``sandbox``     ``run_python``: untrusted Python as an unprivileged user with rlimits, a scratch
+                directory, an empty environment and bwrap's namespaces (no network, read-only files);
+                refused without bwrap unless ``allow_unsandboxed`` (docs/sandbox.md)
 ``code_tasks``  data task ``code`` (function-writing problems with hidden unit tests) and reward
                 ``code_tests``; ``check_code`` for a multi-turn retry environment
 ``sql_tasks``   data task ``sql`` (a fresh SQLite database per question, a gold query) and rewards

@@ -63,7 +63,7 @@ class CodeEnv(Environment):
         self.max_attempts = max_attempts
         key = "environment.options.sandbox"
         self.sandbox = SandboxConfig.from_options({**DEFAULT_SANDBOX, **dict(sandbox or {})}, key=key)
-        check_namespaces(self.sandbox, key=key)  # require_namespaces without bwrap: fail when built
+        check_namespaces(self.sandbox, key=key)  # no bwrap and not allow_unsandboxed: fail when built
         self.problem_: dict[str, Any] | None = None
         self._reset_counts()
 

@@ -382,7 +382,7 @@ def make_code_tests_reward(*, sandbox: Mapping[str, Any] | None = None, config_k
     ("timeout", "memory", "crash" for any other kill), logged as `reward/<name>/timeouts` etc."""
     label = f"rewards.{config_key or 'code_tests'}.sandbox"
     cfg = SandboxConfig.from_options({**DEFAULT_SANDBOX, **dict(sandbox or {})}, key=label)
-    check_namespaces(cfg, key=label)  # require_namespaces without bwrap: fail at start
+    check_namespaces(cfg, key=label)  # no bwrap and not allow_unsandboxed: fail at start
 
     def score(completion: str, example: Mapping[str, Any]) -> tuple[float, str | None]:
         tests = example.get("tests")

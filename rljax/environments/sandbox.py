@@ -4,56 +4,50 @@
     result.stdout == "45\\n"; result.killed_reason is None
 
 Model text is adversarial input: an infinite loop, a fork bomb, a memory bomb, gigabytes of output, a
-write over the repository, a read of a secret, a network connection, a signal to the trainer. The
-layers, each of which stops some of these on its own:
+write over the repository, a read of a secret, a network connection, a signal to the trainer,
+children that detach (setsid, double fork) to outlive the run. docs/sandbox.md lists the layers, what
+each guarantees and how the tests attack them. In short:
 
 1. A fresh scratch directory (a `tempfile.mkdtemp`, deleted after the run) is the working directory
    and the only place the program can write; the program is `main.py` in it, `files` beside it.
 2. An empty environment (`env={}`) and `python -E -s -B`: no inherited variables, no user site, no
    `.pyc` written. `stdin` goes through a pipe, so input the program has read cannot be read again
    (the code tasks send their hidden test inputs that way).
-3. A process group of its own (`start_new_session`), SIGKILLed as a whole at the wall-clock timeout,
-   at the output cap, and when the caller is interrupted. SIGKILL, not SIGTERM: a program that
-   ignores SIGTERM dies just the same.
-4. Resource limits, set by a small bootstrap in the child just before it `exec`s the program:
-   RLIMIT_CPU (CPU seconds, the backstop of the wall-clock kill), RLIMIT_AS (`memory_mb` of address
-   space: an allocation past it raises MemoryError), RLIMIT_NPROC (processes), RLIMIT_NOFILE (open
-   files), RLIMIT_FSIZE (the largest file it can write) and RLIMIT_CORE = 0.
-5. Where `bwrap` (bubblewrap) is installed and works: a namespace sandbox. New PID, network, IPC, UTS
-   (and, where the kernel allows, cgroup) namespaces: no network but a loopback of its own, no view
-   of other processes. The file system is the host's, read-only (`--ro-bind / /`), with empty
-   read-only tmpfs over `HIDDEN_PATHS` (home directories, /root, /tmp, /var/tmp, /run, plus the
-   caller's working directory and `SandboxConfig.hide`), the Python installation mounted back
-   read-only, and the scratch directory mounted writable at `/tmp/sandbox`. "Should not see" thus
-   means: anything under a hidden path (a file there does not exist for the program) and, when
-   the caller is root, anything not readable by `nobody`.
+3. Resource limits set in the child just before it `exec`s the program: RLIMIT_CPU, RLIMIT_AS
+   (`memory_mb`: an allocation past it raises MemoryError), RLIMIT_NPROC, RLIMIT_NOFILE,
+   RLIMIT_FSIZE and RLIMIT_CORE = 0.
+4. Never the caller's privileges: a root caller's program runs as `nobody` (uid/gid 65534, no
+   supplementary groups; the kernel exempts uid 0 from RLIMIT_NPROC, so only that bounds a fork bomb),
+   so it cannot write root's files, read files only root may read, or signal the trainer.
+5. The namespace sandbox, required by default: `bwrap` (bubblewrap) with new PID, network, IPC, UTS
+   (and, where the kernel allows, cgroup) namespaces, `--die-with-parent`, the host's file system
+   read-only with empty read-only tmpfs over `HIDDEN_PATHS` (home directories, /root, /tmp, /var/tmp,
+   /run, the caller's working directory, `SandboxConfig.hide`), the Python installation mounted back
+   read-only and the scratch directory writable at `/tmp/sandbox`. A root caller keeps the host's
+   user namespace (a user namespace's uid would map to root outside) and the bootstrap drops to
+   `nobody` inside; other callers get `--unshare-all` and `--uid/--gid 65534` in a user namespace
+   of their own. At the end of a run bwrap's process group is SIGKILLed, which takes its PID
+   namespace, and with it every descendant however it detached, down.
 
-Why the program runs as `nobody` when the caller is root: the kernel exempts uid 0 from
-RLIMIT_NPROC, also inside `bwrap --unshare-user --uid 65534` started by root (the namespace's uid
-maps to uid 0 outside, which is what the kernel checks; docs/agents.md#sandboxed-execution).
-So a fork bomb run as root is bounded by nothing but the timeout and the host's pid_max.
-The bootstrap therefore drops to uid/gid 65534 (`setgroups([])`, `setgid`, `setuid`) inside the
-namespaces root's bwrap built (it keeps the host's user namespace, where root may change uid), and
-then `fork` fails with EAGAIN past `max_processes`. As
-`nobody` the program also cannot signal the trainer (`os.kill(os.getppid())`: EPERM; inside the PID
-namespace its parent is bwrap's init anyway), nor read root's files. At the timeout, killing bwrap's
-process group takes its PID namespace down with it: children that left the process group (setsid)
-die too (tests/test_sandbox.py checks that none is left).
-The kernel counts RLIMIT_NPROC over every process of the uid, so for root callers the limit is
-`max_processes * max_concurrent` (all sandboxes of one bound together). A caller that is not root
-runs bwrap with a user namespace of its own (unprivileged bwrap must), where the kernel counts the
-processes of that namespace alone (bwrap's init and the program among them), so the limit is
-`max_processes`.
-
-Without bwrap (or with `use_namespaces=False`) the program runs with layers 1-4 only, and bwrap's
-absence is logged once; `require_namespaces=True` refuses instead (`SandboxUnavailable`). Then:
-a root caller drops to `nobody` only when the interpreter is reachable by others (a Python under
-/root, mode 0700, is not), otherwise it runs as root with no process bound but the timeout; a caller
-that is not root runs as itself, so the program can read what the trainer can and signal it, and
-RLIMIT_NPROC is set to the caller's current task count plus `max_processes`. Use bwrap for training.
+Without a working bwrap a run is refused (`SandboxUnavailable`, naming bubblewrap and
+`apt-get install bubblewrap`) unless `allow_unsandboxed: true`, which logs a warning when the
+sandbox is built (`check_namespaces`) and on the first run of a process. Then a supervisor (the
+child's first code, `_SUPERVISOR`) keeps the caller's privileges, makes itself a child subreaper
+(PR_SET_CHILD_SUBREAPER), unshares what the kernel allows (a PID namespace whose init is its child,
+a network namespace with a loopback that is down, IPC; a mount namespace with an empty tmpfs over
+the directory that kept `nobody` from the interpreter, e.g. /root for a Python in /root/.pyenv) and
+runs the program in a session of its own as `nobody`. At the timeout (the caller's SIGTERM), at the
+program's exit, or when the caller dies, it SIGKILLs every descendant (each orphan is reparented to
+it) until none is left. It refuses (no program run, `SandboxUnavailable`) when the program cannot
+drop privileges: a root caller whose interpreter `nobody` cannot reach and no mount namespace to fix
+that, or a caller that is not root without a user and a PID namespace (the program would run as the
+caller and could signal it). `ExecResult.isolation` names the layers a run got.
 
 What is not bounded: disk use inside the scratch directory beyond `max_file_mb` per file (many files
-can be written until the timeout); CPU shares (a run is one process group on a shared CPU).
+can be written until the timeout); CPU shares (a run is one process group on a shared CPU). Without
+bwrap also: the program sees the host's file system as `nobody` does (world-readable files, and it
+may write world-writable directories such as /tmp and /dev/shm until the timeout), and it has the
+host's network where the kernel refused a network namespace.
 
 `killed_reason` (None when the program ran to its end without hitting a bound) names what stopped
 or refused it: "timeout" (the wall clock; `timed_out` is True), "cpu_time" (RLIMIT_CPU),
@@ -80,7 +74,6 @@ import re
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -101,8 +94,9 @@ _CHUNK = 65536  # bytes per read of the program's output: the parent never holds
 
 
 class SandboxUnavailable(UserError, RuntimeError):
-    """`require_namespaces=True` but bwrap is missing or does not work here (a setup problem the
-    command line reports as such, without a traceback)."""
+    """bwrap is missing or does not work here and `allow_unsandboxed` is not set, or the program
+    cannot be run as an unprivileged user (a setup problem the command line reports as such, without
+    a traceback)."""
 
 
 class ExecResult(NamedTuple):
@@ -116,12 +110,14 @@ class ExecResult(NamedTuple):
     output_truncated: bool = False  # stdout or stderr went past `max_output_bytes`
     duration_s: float = 0.0  # wall clock of the run (process start to end)
     namespaces: bool = False  # it ran inside bwrap's namespaces
+    isolation: tuple[str, ...] = ()  # without bwrap: the layers the supervisor put in place (docs/sandbox.md)
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     """Bounds of a sandboxed run. From a config mapping: `SandboxConfig.from_options({...})`, e.g.
-    `sandbox: {timeout_s: 2, memory_mb: 256, require_namespaces: true}`."""
+    `sandbox: {timeout_s: 2, memory_mb: 256}`. Without a working bwrap a run is refused
+    (`SandboxUnavailable`) unless `allow_unsandboxed: true`."""
 
     timeout_s: float = 5.0  # wall clock, from process start
     memory_mb: int = 256  # address space (RLIMIT_AS); a bare interpreter takes ~17 MB
@@ -131,7 +127,7 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20  # per stream (stdout, stderr); past it the run is killed
     max_concurrent: int = 4  # runs at once in this process with this bound
     use_namespaces: bool = True  # use bwrap where it works
-    require_namespaces: bool = False  # refuse to run without bwrap's namespaces
+    allow_unsandboxed: bool = False  # run without bwrap's namespaces (a warning each run) instead of refusing
     hide: tuple[str, ...] = ()  # more host paths to hide under an empty tmpfs (with bwrap)
 
     def __post_init__(self):
@@ -147,7 +143,7 @@ class SandboxConfig:
         if self.max_open_files < 16:
             raise ValueError(f"sandbox.max_open_files must be at least 16 (the interpreter needs some), "
                              f"got {self.max_open_files}")
-        for name in ("use_namespaces", "require_namespaces"):
+        for name in ("use_namespaces", "allow_unsandboxed"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"sandbox.{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.hide, str) or not all(isinstance(p, str) and os.path.isabs(p) for p in self.hide):
@@ -164,6 +160,10 @@ class SandboxConfig:
         if not isinstance(options, Mapping):
             raise ValueError(f"{key} must be a mapping of sandbox settings, got {options!r}")
         known = {f.name for f in fields(cls)}
+        if "require_namespaces" in options:
+            raise ValueError(f"{key}.require_namespaces is no longer a setting: a run without bwrap's namespaces is "
+                             f"refused by default; set {key}.allow_unsandboxed: true to run without them "
+                             "(the program still runs as an unprivileged user), or remove the key")
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"{key}: unknown setting(s) {', '.join(map(repr, unknown))}; "
@@ -189,8 +189,9 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float | None = None, me
     `stdin`: the program's standard input. `files`: `{relative path: text or bytes}` written into the
     scratch directory before the run. `timeout_s` and `memory_mb` override `config`'s. Blocks for a
     slot of the `max_concurrent` bound first. Never raises for anything the program does; raises
-    `SandboxUnavailable` when `require_namespaces` is set and bwrap does not work, `ValueError` for a
-    bad file name or setting.
+    `SandboxUnavailable` when bwrap does not work and `allow_unsandboxed` is not set (or the program
+    could not run unprivileged), `ValueError` for a bad file name or setting. Each run without bwrap
+    logs a warning.
     """
     cfg = SandboxConfig.from_options(config)
     if timeout_s is not None or memory_mb is not None:
@@ -201,11 +202,9 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float | None = None, me
     files = dict(files or {})
     for name in files:
         _check_file_name(name)
-    namespaces = check_namespaces(cfg)
-    if not namespaces and cfg.use_namespaces:
-        _warn_once("bwrap", "bwrap (bubblewrap) is not usable here (%s): sandboxed programs run without "
-                   "namespaces (network, file system and process view are the host's); see "
-                   "rljax.environments.sandbox", _BWRAP_STATE["why"])
+    namespaces = cfg.use_namespaces and bwrap_available()
+    if not namespaces and (_PLAIN_STATE["layers"] is None or not cfg.allow_unsandboxed or _PLAIN_STATE["refused"]):
+        check_namespaces(cfg)  # refuses, or (first run of this process) warns and probes the layers
     with _gate(cfg.max_concurrent):
         return _run(code, stdin, files, cfg, namespaces)
 
@@ -225,17 +224,42 @@ def run_many(codes: Sequence[str], *, stdins: Sequence[str] | None = None, confi
 
 
 def check_namespaces(config: SandboxConfig | Mapping | None = None, *, key: str = "sandbox") -> bool:
-    """Whether runs with `config` get bwrap's namespaces; raises `SandboxUnavailable` (naming
-    `key.require_namespaces`) when they are required but bwrap is off or does not work here. Call
-    it when building what will run programs, so that a run fails at start, not at its first sample."""
+    """Whether runs with `config` get bwrap's namespaces. Without them it raises `SandboxUnavailable`
+    (naming bubblewrap, how to install it and `key.allow_unsandboxed`) unless `allow_unsandboxed` is
+    set, and then logs a warning and checks that the unsandboxed layers work here (refusing when the
+    program could not be run as an unprivileged user). Call it when building what will run programs,
+    so that a run fails at start, not at its first sample."""
     cfg = SandboxConfig.from_options(config, key=key)
     namespaces = cfg.use_namespaces and bwrap_available()
-    if not namespaces and cfg.require_namespaces:
+    if namespaces:
+        return True
+    why = "turned off (use_namespaces: false)" if not cfg.use_namespaces else f"not usable here: {_BWRAP_STATE['why']}"
+    if not cfg.allow_unsandboxed:
         raise SandboxUnavailable(
-            f"{key}.require_namespaces is true but bwrap (bubblewrap) is "
-            + ("turned off (use_namespaces: false)" if not cfg.use_namespaces else f"not usable here: {_BWRAP_STATE['why']}")
-            + "; install it (apt-get install bubblewrap) or set require_namespaces: false")
-    return namespaces
+            f"{key}: refusing to run model-written code without a namespace sandbox: bwrap (bubblewrap) is {why}. "
+            "Install it (apt-get install bubblewrap; it must be able to create namespaces here), or set "
+            f"{key}.allow_unsandboxed: true to run with weaker isolation (see docs/sandbox.md)")
+    layers = unsandboxed_layers()  # raises SandboxUnavailable where the program cannot drop privileges
+    logger.warning("%s.allow_unsandboxed: model-written code runs WITHOUT bwrap's namespaces (bwrap is %s); layers "
+                   "in force: %s; see docs/sandbox.md", key, why, ", ".join(layers))
+    return False
+
+
+def unsandboxed_layers() -> tuple[str, ...]:
+    """The isolation layers a run without bwrap gets here (probed once per process), e.g.
+    `("uid:65534", "subreaper", "pid", "net", "mount")`; raises `SandboxUnavailable` when the program
+    could not run as an unprivileged user that cannot signal the caller."""
+    with _BWRAP_LOCK:
+        if _PLAIN_STATE["layers"] is None:
+            result = _run("print('ok')", "", {}, SandboxConfig(timeout_s=30.0), False)
+            if result.stdout != "ok\n":
+                why = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+                _PLAIN_STATE["refused"] = f"a probe program failed without bwrap: {why}"
+            _PLAIN_STATE["layers"] = result.isolation
+    if _PLAIN_STATE["refused"]:
+        raise SandboxUnavailable(f"refusing to run model-written code: {_PLAIN_STATE['refused']}; install "
+                                 "bubblewrap (apt-get install bubblewrap)")
+    return _PLAIN_STATE["layers"]
 
 
 def bwrap_available() -> bool:
@@ -252,8 +276,8 @@ def bwrap_available() -> bool:
 _GATES: dict[int, threading.BoundedSemaphore] = {}
 _GATES_LOCK = threading.Lock()
 _BWRAP_STATE: dict[str, Any] = {"ok": None, "why": ""}
+_PLAIN_STATE: dict[str, Any] = {"layers": None, "refused": ""}
 _BWRAP_LOCK = threading.Lock()
-_WARNED: set[str] = set()
 
 
 def _gate(bound: int) -> threading.BoundedSemaphore:
@@ -261,12 +285,6 @@ def _gate(bound: int) -> threading.BoundedSemaphore:
         if bound not in _GATES:
             _GATES[bound] = threading.BoundedSemaphore(bound)
         return _GATES[bound]
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        logger.warning(message, *args)
 
 
 def _check_file_name(name: Any) -> None:
@@ -290,12 +308,7 @@ def _run(code: str, stdin: str, files: Mapping[str, str | bytes], cfg: SandboxCo
         for name, content in files.items():
             _write(os.path.join(scratch, name), content)
         executable, prefix = _interpreter()
-        as_nobody = root and (namespaces or _others_can_run(executable, prefix))
-        if root and not as_nobody:
-            _warn_once("root", "sandbox without namespaces as root: %s is not reachable by 'nobody', so programs "
-                       "run as root and RLIMIT_NPROC does not bind them (only the timeout stops a fork bomb)",
-                       executable)
-        if as_nobody:
+        if root:  # the program runs as `nobody`: it owns the scratch directory and nothing else
             os.chmod(scratch, 0o755)
             for dirpath, dirnames, filenames in os.walk(scratch):
                 for name in (dirpath, *(os.path.join(dirpath, f) for f in dirnames + filenames)):
@@ -304,15 +317,20 @@ def _run(code: str, stdin: str, files: Mapping[str, str | bytes], cfg: SandboxCo
             nproc = cfg.max_processes * cfg.max_concurrent  # counted over every process of uid nobody
         elif namespaces:
             nproc = cfg.max_processes  # counted in bwrap's own user namespace
+        elif root:
+            nproc = _task_count(NOBODY) + cfg.max_processes
         else:
-            nproc = _task_count(NOBODY if as_nobody else os.geteuid()) + cfg.max_processes
+            nproc = cfg.max_processes  # counted in the supervisor's own user namespace
         limits = {
             "cpu": int(math.ceil(cfg.timeout_s)) + 1, "as": cfg.memory_mb << 20, "nproc": nproc,
-            "nofile": cfg.max_open_files, "fsize": cfg.max_file_mb << 20, "uid": NOBODY if as_nobody else None,
+            "nofile": cfg.max_open_files, "fsize": cfg.max_file_mb << 20, "uid": NOBODY if root else None,
         }
-        program = [executable, "-E", "-s", "-B", "-c", _BOOTSTRAP, json.dumps(limits), executable]
-        argv = _bwrap_argv(scratch, prefix, cfg, root) + program if namespaces else program
-        return _execute(argv, scratch, stdin.encode(), cfg, namespaces)
+        if namespaces:
+            program = [executable, "-E", "-s", "-B", "-c", _BOOTSTRAP, json.dumps(limits), executable]
+            return _execute(_bwrap_argv(scratch, prefix, cfg, root) + program, scratch, stdin.encode(), cfg, True)
+        limits.update(prefix=prefix, backstop_s=cfg.timeout_s + 10.0, caller=os.getpid())
+        program = [executable, "-E", "-s", "-B", "-c", _SUPERVISOR, json.dumps(limits), executable]
+        return _execute(program, scratch, stdin.encode(), cfg, False, supervised=True)
     finally:
         _remove(scratch)
 
@@ -352,11 +370,206 @@ os.execv(sys.argv[2], [sys.argv[2], "-E", "-s", "-B", "main.py"])
 """
 
 
+# Without bwrap: the child's first code is a supervisor that stays with the caller's privileges and
+# runs the program as `nobody` (docs/sandbox.md). argv: limits (JSON), the interpreter, the status fd.
+# It reports on the status fd one JSON line of the layers in force ({"layers": [...]}, or
+# {"refused": why} and no program run) and one of the program's wait status ({"status": n}).
+# SIGTERM (the caller's timeout), the caller's death (PR_SET_PDEATHSIG) or the backstop deadline
+# make it SIGKILL every descendant; so does the program's own exit.
+_SUPERVISOR = r"""
+import ctypes, json, os, resource, signal, stat, sys, time
+limits, exe, status_fd = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+NEWNS, NEWUSER, NEWPID, NEWNET, NEWIPC = 0x20000, 0x10000000, 0x20000000, 0x40000000, 0x8000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+main_pid, main_status, stop = None, None, False
+
+def report(**item):
+    try:
+        os.write(status_fd, (json.dumps(item) + "\n").encode())
+    except OSError:
+        pass
+
+def refuse(why):
+    report(refused=why)
+    os._exit(70)
+
+def on_term(*_):
+    global stop
+    stop = True
+
+def reap():
+    global main_status
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == main_pid and main_status is None:
+            main_status = status
+
+def descendants():
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+def kill_all():
+    # Orphans of killed processes are reparented to us (a subreaper): repeat until none is left.
+    while True:
+        reap()
+        pids = descendants()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.002)
+
+def reachable(path):
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        if os.path.dirname(path) == path:
+            return True
+        path = os.path.dirname(path)
+
+signal.signal(signal.SIGTERM, on_term)
+libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the caller died
+if os.getppid() != limits["caller"]:  # it died before the line above
+    os._exit(71)
+layers = []
+if libc.prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
+    layers.append("subreaper")
+uid = limits["uid"]
+if uid is None:  # not root: a user namespace of our own, or the program could signal the caller
+    me, group = os.getuid(), os.getgid()
+    if libc.unshare(NEWUSER) != 0:
+        refuse("not root and no user namespace here, so the program would run as the caller, able to "
+               "signal it and read its files")
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (me, me)), ("gid_map", "%d %d 1" % (group, group))):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+    layers.append("user")
+if libc.unshare(NEWPID) == 0:
+    layers.append("pid")
+elif uid is None:
+    refuse("no PID namespace here, so the program (running as the caller) could signal it")
+if libc.unshare(NEWNET) == 0:
+    layers.append("net")
+if libc.unshare(NEWIPC) == 0:
+    layers.append("ipc")
+if uid is not None and not (reachable(exe) and reachable(limits["prefix"])):
+    # The interpreter lies under a directory `nobody` cannot enter (a Python in /root/.pyenv): in a
+    # mount namespace of our own, an empty tmpfs over that directory with the installation bound back.
+    prefix = limits["prefix"]
+    top = prefix  # the outermost directory on the way that others cannot enter
+    path = prefix
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                top = path
+        except OSError:
+            pass
+    if libc.unshare(NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        refuse("the interpreter %s is not reachable by uid %d and no mount namespace is available to "
+               "make it so" % (exe, uid))
+    held = os.open(prefix, os.O_PATH)  # opened in the new namespace: its mount can be bound there
+    if libc.mount(b"tmpfs", top.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755") != 0:
+        refuse("could not mount a tmpfs over %s: errno %d" % (top, ctypes.get_errno()))
+    os.umask(0o022)
+    os.makedirs(prefix, mode=0o755, exist_ok=True)
+    if libc.mount(("/proc/self/fd/%d" % held).encode(), prefix.encode(), None, MS_BIND | MS_REC, None) != 0:
+        refuse("could not bind %s back: errno %d" % (prefix, ctypes.get_errno()))
+    os.close(held)
+    if not (reachable(exe) and reachable(prefix)):
+        refuse("the interpreter %s is not reachable by uid %d" % (exe, uid))
+    layers.append("mount")
+if uid is not None:
+    layers.insert(0, "uid:%d" % uid)
+
+def run_program():
+    os.setsid()  # a session of its own: not ours
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:
+            os._exit(72)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (after the uid change, which clears it)
+    cpu = limits["cpu"]
+    for name, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, limits["as"]),
+                        (resource.RLIMIT_NPROC, limits["nproc"]), (resource.RLIMIT_NOFILE, limits["nofile"]),
+                        (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0)):
+        soft, hard = value if isinstance(value, tuple) else (value, value)
+        resource.setrlimit(name, (soft, hard))
+    os.execv(exe, [exe, "-E", "-s", "-B", "main.py"])
+
+report(layers=layers)
+main_pid = os.fork()
+if main_pid == 0:
+    try:
+        if "pid" in layers:  # we are the namespace's init: run the program as our child, pass on its status
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the supervisor's death ends the namespace
+            program = os.fork()
+            if program == 0:
+                os.close(status_fd)
+                run_program()
+            os.close(0); os.close(1); os.close(2)
+            while True:
+                pid, status = os.waitpid(-1, 0)
+                if pid == program:
+                    report(status=status)
+                    os._exit(0)
+        os.close(status_fd)
+        run_program()
+    finally:
+        os._exit(73)
+os.close(0); os.close(1); os.close(2)
+deadline = time.monotonic() + limits["backstop_s"]
+while main_status is None and not stop and time.monotonic() < deadline:
+    reap()
+    time.sleep(0.005)
+if main_status is None or stop:
+    report(status=signal.SIGKILL)
+elif "pid" not in layers:
+    report(status=main_status)
+kill_all()
+os._exit(0)
+"""
+
+
 def _bwrap_argv(scratch: str, prefix: str, cfg: SandboxConfig, root: bool) -> list[str]:
-    argv = [shutil.which("bwrap") or "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
-    if not root:  # unprivileged bwrap needs a user namespace; there RLIMIT_NPROC counts this sandbox alone
-        argv += ["--unshare-user"]
+    argv = [shutil.which("bwrap") or "bwrap"]
+    if root:  # every namespace but a user namespace (whose uid would map to root outside: see above)
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    else:  # unprivileged bwrap needs a user namespace; there RLIMIT_NPROC counts this sandbox alone
+        argv += ["--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    argv += ["--die-with-parent", "--new-session"]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     hidden = _hidden_paths(cfg, prefix)
     for path in hidden:
@@ -401,24 +614,6 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def _others_can_run(executable: str, prefix: str) -> bool:
-    """Whether uid `nobody` can reach the interpreter and its library (every directory on the way o+x)."""
-    for target in (executable, prefix):
-        path = target
-        while True:
-            try:
-                mode = os.stat(path).st_mode
-            except OSError:
-                return False
-            if not mode & stat.S_IXOTH:
-                return False
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
-    return True
-
-
 def _task_count(uid: int) -> int:
     """Threads of all processes of `uid` (what the kernel compares with RLIMIT_NPROC)."""
     count = 0
@@ -437,14 +632,22 @@ def _task_count(uid: int) -> int:
     return count
 
 
-def _execute(argv: list[str], cwd: str, stdin: bytes, cfg: SandboxConfig, namespaces: bool) -> ExecResult:
+def _execute(argv: list[str], cwd: str, stdin: bytes, cfg: SandboxConfig, namespaces: bool,
+             supervised: bool = False) -> ExecResult:
     start = time.monotonic()
+    status_r, status_w = os.pipe() if supervised else (-1, -1)
     try:  # stdin through a pipe, never a file: what the program has read is gone (hidden test data)
-        proc = subprocess.Popen(argv, cwd=cwd, env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(argv + ([str(status_w)] if supervised else []), cwd=cwd, env={},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True, pass_fds=(status_w,) if supervised else ())
     except OSError as exc:
+        if supervised:
+            os.close(status_r)
         return ExecResult("", f"could not start the sandbox: {exc}", None, False, "sandbox_error",
                           namespaces=namespaces)
+    finally:
+        if supervised:
+            os.close(status_w)
     deadline = start + cfg.timeout_s
     out, err = bytearray(), bytearray()
     reason, truncated = None, False
@@ -457,20 +660,57 @@ def _execute(argv: list[str], cwd: str, stdin: bytes, cfg: SandboxConfig, namesp
                 reason = "timeout"
     finally:
         if reason is not None or proc.poll() is None:
-            _kill(proc)
+            _kill(proc, supervised)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
                 stream.close()
             except OSError:  # stdin: a broken pipe on the flush of a program that is gone
                 pass
+        report = _read_status(status_r) if supervised else {}
     duration = time.monotonic() - start
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     returncode = proc.returncode
+    isolation = tuple(report.get("layers", ()))
+    if supervised:
+        if "refused" in report:
+            raise SandboxUnavailable(f"refusing to run model-written code without bwrap: {report['refused']}; "
+                                     "install bubblewrap (apt-get install bubblewrap)")
+        if "status" in report:
+            returncode = os.waitstatus_to_exitcode(report["status"])
+        elif reason is None:
+            reason = "sandbox_error"  # the supervisor itself died
     if namespaces and returncode is not None and returncode > 128 and reason is None:
         returncode = -(returncode - 128)  # bwrap exits 128 + N for a child killed by signal N
     if reason is None:
         reason = _exit_reason(returncode, stderr, namespaces)
-    return ExecResult(stdout, stderr, returncode, reason == "timeout", reason, truncated, duration, namespaces)
+    return ExecResult(stdout, stderr, returncode, reason == "timeout", reason, truncated, duration, namespaces,
+                      isolation)
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    """The supervisor's report: its first "layers"/"refused" line and first "status" line."""
+    data = bytearray()
+    try:
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    report: dict[str, Any] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        for key, value in item.items():
+            report.setdefault(key, value)
+    return report
 
 
 def _read_until_done(proc, stdin: bytes, out: bytearray, err: bytearray, deadline: float,
@@ -518,7 +758,14 @@ def _read_until_done(proc, stdin: bytes, out: bytearray, err: bytearray, deadlin
     return None, False
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, supervised: bool = False) -> None:
+    if supervised:  # the supervisor kills every descendant of its own, then exits
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10.0)
+            return
+        except subprocess.TimeoutExpired:
+            logger.warning("sandbox supervisor %d did not exit 10 s after SIGTERM; killing its process group", proc.pid)
     try:  # start_new_session: the child leads its own process group (bwrap kills its PID namespace with it)
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -575,4 +822,4 @@ def _probe_bwrap() -> tuple[bool, str]:
 
 
 __all__ = ["ExecResult", "HIDDEN_PATHS", "SandboxConfig", "SandboxUnavailable", "bwrap_available",
-           "check_namespaces", "run_many", "run_python"]
+           "check_namespaces", "run_many", "run_python", "unsandboxed_layers"]
