@@ -345,7 +345,8 @@ def _add_eval(sub) -> None:
     p.add_argument("config", help="YAML config naming the model, task and rewards")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
     p.add_argument("--checkpoint", default=None,
-                   help="a run directory (train.run_dir) whose latest checkpoint to evaluate; default: the base model")
+                   help="a run directory (train.run_dir) whose latest checkpoint to evaluate, sampled with the run's "
+                   "sampling settings (its config.yaml; sampling.* overrides still apply); default: the base model")
     p.set_defaults(func=_eval)
 
 
@@ -359,6 +360,8 @@ def _eval(args) -> int:
         _check_checkpoint(args.checkpoint)
         overrides.append(f"train.run_dir={args.checkpoint}")
     cfg = load_config(RunConfig, args.config, overrides)
+    if args.checkpoint and cfg.is_online:
+        cfg = _run_sampling(cfg, args.checkpoint, args.overrides)
     _keep_host_memory_if_online(cfg)
     extra = {} if cfg.is_online else {"evaluate_only": True}
     trainer = trainer_for(cfg, resume=bool(args.checkpoint), write_config=False, **extra)
@@ -371,6 +374,29 @@ def _eval(args) -> int:
     for key, value in results.items():
         print(f"{key:28s} {value:.4f}")
     return 0
+
+
+def _run_sampling(cfg, run_dir: str, overrides):
+    """``eval --checkpoint RUN_DIR`` samples as the run was evaluated while it trained: ``cfg`` with the
+    run's ``sampling`` section (``RUN_DIR/config.yaml``), then the command line's ``sampling.*``
+    overrides; one stderr line says which settings are used and where they differ from CONFIG's."""
+    import dataclasses
+
+    from rljax.config import load_config, with_overrides
+    from rljax.run_config import RunConfig
+
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        print(f"# sampling: the config's ({run_dir} has no config.yaml)", file=sys.stderr)
+        return cfg
+    run_sampling = load_config(RunConfig, path, [f"train.run_dir={run_dir}"]).sampling
+    given = [o for o in overrides if o.split("=", 1)[0].strip().startswith("sampling.")]
+    chosen = with_overrides(dataclasses.replace(cfg, sampling=run_sampling), given)
+    mine, used = dataclasses.asdict(cfg.sampling), dataclasses.asdict(chosen.sampling)
+    differ = [f"{k}={used[k]!r} (config: {mine[k]!r})" for k in used if used[k] != mine.get(k)]
+    print(f"# sampling: the run's ({path})" + (", overridden by the command line" if given else "")
+          + (f"; differs from the config's in {', '.join(differ)}" if differ else ""), file=sys.stderr)
+    return chosen
 
 
 def _check_checkpoint(run_dir: str, flag: str = "--checkpoint") -> None:

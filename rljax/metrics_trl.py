@@ -32,6 +32,10 @@ Definitions (TRL ``trl/trainer/grpo_trainer.py``, ``_generate_and_score_completi
                                 prompts, prompt + completion tokens trained on so far
 ==============================  ==================================================================
 
+The ``clip_ratio/*`` fractions count tokens, which is TRL's definition with a token-level ratio;
+with GSPO's sequence-level ratio (``algorithm.ratio_level: sequence``) TRL counts sequences (each
+row once), while these count the tokens of the clipped sequences, so a long clipped row weighs more.
+
 With ``group_size`` 1 there are no groups: ``reward_std`` and ``frac_reward_zero_std`` are left
 out. The update metrics (``entropy``, ``kl``, ``clip_ratio/*``) are the means over the step's
 updates and appear only when the loss produced their rljax source (no ``kl`` without a reference,

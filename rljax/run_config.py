@@ -291,6 +291,15 @@ class RunConfig:
         if not self.is_online:
             if not self.data.path and not self.data.task:
                 raise ValueError(f"{self.algorithm.name} needs data.path (a file or data set) or data.task")
+            # an offline algorithm trains on the data's rows: it never samples nor scores, so a
+            # section it would ignore is refused rather than silently unused
+            if self.rewards:
+                raise FieldError("rewards", f"{self.algorithm.name} is an offline algorithm: it never scores "
+                                            "samples, so rewards are unused; remove the section (rljax pairs "
+                                            "reads it from a config of an online algorithm)")
+            if self.sampling != SamplingSection():
+                raise FieldError("sampling", f"{self.algorithm.name} is an offline algorithm: it never samples, "
+                                             "so sampling settings are unused; remove the section")
             return
         if self.environment.name:
             if self.rewards:

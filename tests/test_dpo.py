@@ -243,3 +243,19 @@ def test_replace_train_split_refuses_a_cached_reference_after_an_update(tiny_dir
                                offline=", precompute_ref_logprobs: false"))
     with pytest.raises(ValueError, match="fewer than algorithm.batch_size=16"):
         live.replace_train_split(few)
+
+
+def test_pairs_identical_after_truncation_are_dropped_and_counted_at_load(tiny_dir, tmp_path):
+    # 40 pairs that differ only past 16 tokens (byte tokenizer: one token per character) and 40 that
+    # differ at once: the first 40 would be identical after the cut (a loss stuck at log 2)
+    with open(tmp_path / "pairs.jsonl", "w") as f:
+        for i in range(80):
+            shared = "abcdefghijklmnopqrst" if i < 40 else ""
+            f.write(json.dumps({"prompt": f"Say something {i}.", "chosen": shared + "good", "rejected": shared + "bad"}) + "\n")
+    trainer = OfflineTrainer(_cfg(tiny_dir, tmp_path / "pairs.jsonl", tmp_path / "run"))
+    counts = trainer.start_metrics()
+    dropped = counts.get("data/train_dropped/identical_after_truncation", 0)
+    dropped += counts.get("data/eval_dropped/identical_after_truncation", 0)
+    assert dropped == 40 and counts["data/train_rows"] + counts["data/eval_rows"] == 40
+    assert all(len({tuple(c) for c in cs}) == 2 for s in (trainer.train_set, trainer.eval_set) for cs in s.completions)
+    trainer.run.close()

@@ -340,3 +340,28 @@ def test_a_setting_newer_than_the_checkpoint_at_its_default_is_no_difference():
                               defaults=defaults) == ['model.param_dtype: (absent) -> "bfloat16"']
     assert config_differences(old, {"model": {"param_dtype": None, "dtype": "float32"}}) == [
         "model.param_dtype: (absent) -> null"]  # without defaults, every new key is listed
+
+
+def test_eval_of_a_checkpoint_samples_with_the_runs_sampling_settings(tiny_dir, tmp_path, capsys):
+    # the run sampled 8 tokens; the config handed to `rljax eval` says 2: the run's settings are used
+    # (8-token completions of a random model: the mean length is well over 2), and said so on stderr;
+    # a sampling.* override on the command line still wins
+    run_dir = tmp_path / "run"
+    trainer_for(_cfg(tiny_dir, run_dir)).fit()
+    config = tmp_path / "eval.yaml"
+    save_config(dataclasses.replace(_cfg(tiny_dir, tmp_path / "other"),
+                                    sampling=dataclasses.replace(_cfg(tiny_dir, run_dir).sampling, max_new_tokens=2)),
+                config)
+    capsys.readouterr()
+
+    def length(*overrides):
+        assert cli.main(["eval", str(config), *overrides, "--checkpoint", str(run_dir)]) == 0
+        out, err = capsys.readouterr()
+        return float(re.search(r"eval/mean_length\s+([\d.]+)", out).group(1)), err
+
+    mean, err = length()
+    assert mean > 2.0, mean
+    assert f"# sampling: the run's ({run_dir / 'config.yaml'}); differs from the config's in max_new_tokens=8 " \
+           "(config: 2)" in err
+    mean, err = length("sampling.max_new_tokens=2")
+    assert mean <= 2.0 and "overridden by the command line" in err and "differs" not in err

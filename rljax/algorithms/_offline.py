@@ -28,6 +28,8 @@ class OfflineSettings:
     epochs: Optional[float] = None  # train this many passes over the train split (null: train.steps)
     eval_batch_size: int = 16
     max_completion_length: int = 128  # tokens, EOS included
+    # truncate: a pair / ranked list whose responses are identical once cut is dropped and counted
+    # (data/train_dropped/identical_after_truncation)
     completion_too_long: Literal["error", "filter", "truncate"] = "truncate"
     append_eos: bool = True  # end each completion with the tokenizer's EOS (the model learns to stop)
     # a row that lacks a column, has an empty completion or chosen == rejected

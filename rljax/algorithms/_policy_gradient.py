@@ -41,6 +41,10 @@ class OnlineSettings:
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal; sample more
     max_sampling_rounds: int = 3
     mask_truncated: bool = False  # leave completions that hit max_new_tokens out of the loss
+    # S, the rows a sequence-level reduction divides by (rljax.losses.reduce): "nonempty", the rows
+    # with a loss token (a row masked out, e.g. by mask_truncated, changes nothing), or "all", every
+    # row of the mini-batch, as TRL's GRPOTrainer divides by B (a masked row shrinks the others' weight)
+    sequence_count: Literal["nonempty", "all"] = "nonempty"
 
     @property
     def rows(self) -> int:
@@ -81,11 +85,15 @@ class ClipSettings(OnlineSettings):
         check_range(self, "dual_clip", low=1, low_open=True, note="(null = off)")
 
 
-def totals(batch: RolloutBatch) -> dict:
-    """Global denominators of a mini-batch (before it is split into micro-batches)."""
+def totals(batch: RolloutBatch, cfg: OnlineSettings | None = None) -> dict:
+    """Global denominators of a mini-batch (before it is split into micro-batches); ``num_rows`` is
+    the rows with a loss token, or every row under ``cfg.sequence_count == "all"``."""
     mask = batch.loss_mask
-    return dict(num_rows=jnp.maximum((mask.sum(-1) > 0).sum(), 1), num_tokens=jnp.maximum(mask.sum(), 1),
-                max_length=mask.shape[1])
+    if cfg is not None and cfg.sequence_count == "all":
+        num_rows = jnp.asarray(mask.shape[0], jnp.int32)
+    else:
+        num_rows = jnp.maximum((mask.sum(-1) > 0).sum(), 1)
+    return dict(num_rows=num_rows, num_tokens=jnp.maximum(mask.sum(), 1), max_length=mask.shape[1])
 
 
 def policy_logprobs(model, batch: RolloutBatch, cfg: OnlineSettings, *, temperature: float, with_values: bool = False):

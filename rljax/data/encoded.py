@@ -13,12 +13,15 @@ ranked lists) or ``RecordBatch`` (records), widths bucketed so a run compiles fe
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rljax.batches import PairBatch, RecordBatch, TranscriptBatch, pad_sequences
 from rljax.data.preferences import strip_prefix, tokenize_response
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -56,11 +59,17 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
                 completion_too_long: str, append_eos: bool, split: str) -> tuple[EncodedSet, dict[str, int]]:
     """Tokenise ``rows`` once; too-long prompts / completions raise, are dropped or truncated as
     configured. ``render(prompt) -> text`` applies the prompt format. Returns the set and the counts
-    of dropped rows by reason."""
+    of dropped rows by reason.
+
+    With ``completion_too_long="truncate"``, a pair or ranked list two of whose responses differ only
+    past ``max_completion_length`` would be two identical completions after the cut: its loss could
+    not move (every pairwise loss has zero gradient between equal log-probs), so the row is dropped,
+    counted as ``identical_after_truncation`` (``data/<split>_dropped/identical_after_truncation`` in
+    the run's first metrics and summary) and a warning names the count."""
     texts = [render(r["prompt"]) for r in rows]
     prompt_tokens = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     kept, prompts, completions = [], [], []
-    dropped = {"prompt_too_long": 0, "response_too_long": 0}
+    dropped = {"prompt_too_long": 0, "response_too_long": 0, "identical_after_truncation": 0}
     for i, (row, p) in enumerate(zip(rows, prompt_tokens)):
         if len(p) > max_prompt_length:
             if prompt_too_long == "error":
@@ -83,11 +92,19 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
                 dropped["response_too_long"] += 1
                 continue
             cs = [c[:max_completion_length] for c in cs]
+            if len({tuple(c) for c in cs}) < len(cs):  # nothing left to prefer: a zero-signal row
+                dropped["identical_after_truncation"] += 1
+                continue
         if any(not c for c in cs):
             raise ValueError(f"{split} row {i}: a response tokenises to zero tokens")
         kept.append(row)
         prompts.append(list(p))
         completions.append(cs)
+    if dropped["identical_after_truncation"]:
+        logger.warning("%s: %d of %d rows dropped: two of their responses are identical once cut to "
+                       "algorithm.max_completion_length=%d (counted as %s_dropped/identical_after_truncation; "
+                       "raise max_completion_length to keep them)", split, dropped["identical_after_truncation"],
+                       len(rows), max_completion_length, split)
     values: dict[str, np.ndarray] = {}
     for name in ("margin", "score"):
         if kept and name in kept[0]:

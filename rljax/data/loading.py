@@ -151,6 +151,7 @@ def load_records(
     *,
     prompt_column: str = "prompt",
     answer_column: str | None = None,
+    answer_required: bool = True,
     split: str = "train",
     name: str | None = None,
     data_files: Any = None,
@@ -162,12 +163,16 @@ def load_records(
     All of the row's columns are kept; `prompt` is set from `prompt_column` and, if
     `answer_column` is given, `answer` from it (as a string, or a list of strings if the column
     holds several acceptable answers). `limit` keeps the first rows. A column missing from any row
-    raises `MissingColumnError` (a `KeyError`) naming it and listing the available columns.
+    raises `MissingColumnError` (a `KeyError`) naming it and listing the available columns; with
+    `answer_required=False` an answer column missing from every row is no error (the records then
+    have no `answer`), for data whose answers nothing reads.
     """
     rows = read_rows(source, split=split, name=name, data_files=data_files, **load_kwargs)
     if limit is not None:
         rows = rows[:limit]
     _require_column(prompt_column, "prompt", rows, source)
+    if answer_column is not None and not answer_required and not any(answer_column in row for row in rows):
+        answer_column = None
     if answer_column is not None:
         _require_column(answer_column, "answer", rows, source)
     records = []

@@ -16,8 +16,9 @@ column names and at most ``max_rows_shown`` rows ("... N rows in all" past that)
 80 characters; a failing query is a tool error the model sees ("error: OperationalError: ...").
 A message without a tool call is the final answer: its SQL (``extract_sql``: the last ```sql block,
 else ``<answer>``) is checked with ``check_sql``: reward 1.0 when its result set equals the gold
-query's (order-insensitive unless the question asks for an order), else 0.0 (no SQL, an error, a
-write, a different result); terminated either way.
+query's (order-insensitive unless the question asks for an order) on every database of the
+question's test suite (the episode's and ``test_setups``, which the tool never shows), else 0.0 (no
+SQL, an error, a write, a different result); terminated either way.
 
 ``info["metrics"]`` of the final step (``env/<name>``): ``answered`` (the reply held SQL) and
 ``executes`` (it ran without error).
@@ -41,7 +42,8 @@ _CELL = 80  # characters of one value shown by the tool
 
 
 class SqlEnv(ToolEnvironment):
-    """A question about a fresh database; reward 1 when the final query returns the gold result set."""
+    """A question about a fresh database; reward 1 when the final query returns the gold result set
+    on each of the question's test-suite databases."""
 
     def __init__(self, *, split_seed: int = 0, eval_fraction: float = 0.1, questions: Sequence[str] | None = None,
                  explore: bool = True, timeout_s: float = 1.0, max_rows_shown: int = 20,
@@ -65,10 +67,10 @@ class SqlEnv(ToolEnvironment):
         rng = np.random.default_rng([int(seed), 130363])
         for _ in range(10_000):
             name = self.questions[int(rng.integers(0, len(self.questions)))]
-            example = make_sql_problem(name, int(rng.integers(0, 2**31 - 1)), instruction=None)
-            if question_split(example["key"], task="sql", seed=self.split_seed,
-                              eval_fraction=self.eval_fraction) == split:
-                return example
+            db_seed = int(rng.integers(0, 2**31 - 1))
+            key = make_sql_problem(name, db_seed, instruction=None, test_suite=False)["key"]
+            if question_split(key, task="sql", seed=self.split_seed, eval_fraction=self.eval_fraction) == split:
+                return make_sql_problem(name, db_seed, instruction=None)
         raise ValueError(f"sql: no {split} question found for seed {seed} (eval_fraction={self.eval_fraction})")
 
     def opening(self, seed, options: Mapping[str, Any]):

@@ -27,10 +27,15 @@ fully-masked rows change nothing.
 
 Differences from other libraries (documented, deliberate):
 
-* verl ``seq-mean-token-sum-norm`` divides by ``L_max`` only (no ``B``); we follow TRL
-  ``dr_grpo`` and divide by ``B · L_max``.
+* verl ``seq-mean-token-sum-norm`` divides by ``L_max`` only (no row count); we divide by
+  ``S · L_max``. TRL ``dr_grpo`` divides by ``B · L_max`` with ``B`` every row of the batch: the
+  same when no row is empty (no row whose tokens are all masked, e.g. truncated rows under
+  ``mask_truncated``), and otherwise ours is larger by ``B / S``.
 * TRL ``grpo`` divides by all ``B`` rows including empty ones (``.mean()``); our default ``S``
-  counts non-empty rows (identical when no row is empty; pass ``num_sequences=B`` to reproduce).
+  counts non-empty rows (identical when no row is empty).
+* To divide by every row as TRL does, a caller passes ``num_sequences=B``; the online algorithms
+  do so with ``algorithm.sequence_count: all`` (default ``nonempty``;
+  ``rljax.algorithms._policy_gradient.totals``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from rljax.data.loading import load_records
+from rljax.data.loading import MissingColumnError, load_records
 from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
 from rljax.data.records import load_scored_records, records_from_task
 from rljax.data.tasks import make_task, question_split
@@ -179,8 +179,17 @@ def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[di
         _check_few_shot_held_out(d.few_shot, evals)
         return train, evals, counts
 
+    readers = answer_readers(cfg.rewards)
+
     def read(source):
-        rows = load_records(source, prompt_column=d.prompt_column, answer_column=d.answer_column or None)
+        try:
+            rows = load_records(source, prompt_column=d.prompt_column, answer_column=d.answer_column or None,
+                                answer_required=bool(readers))
+        except MissingColumnError as exc:
+            if d.answer_column and f"answer column {d.answer_column!r}" in str(exc):
+                raise MissingColumnError(f"{exc} (data.answer_column; read by {', '.join(readers)}: set "
+                                         "data.answer_column to the column that holds the answers)") from None
+            raise
         counts = {"rows": len(rows)}
         key = "data.path" if source == d.path else "data.eval_path"
         rows = checked(rows, f"{source} ({key})", d.prompt_column, counts)
@@ -189,6 +198,19 @@ def online_examples(cfg: RunConfig, tokenizer=None) -> tuple[list[dict], list[di
     train, evals, counts = _split_path(cfg, read)
     _check_few_shot_held_out(d.few_shot, evals)
     return train, evals, counts
+
+
+# Reward types that score a completion against the row's ``answer`` (the gold answer, the gold SQL,
+# the reasoning-gym entry's answer). Others (format, length, judges, reward models, ``python``
+# functions, which get ``answer`` only when the data has one) do not need an answer column.
+ANSWER_READING_REWARDS = frozenset({"answer", "reasoning_gym", "sql_result"})
+
+
+def answer_readers(rewards: Mapping[str, Any]) -> list[str]:
+    """The ``rewards.<key>`` entries whose type reads each row's ``answer`` (``ANSWER_READING_REWARDS``):
+    ``data.answer_column`` must exist in the data only when there is one."""
+    return [f"rewards.{key}" for key, spec in rewards.items()
+            if (spec.get("type", key) if isinstance(spec, Mapping) else key) in ANSWER_READING_REWARDS]
 
 
 def _check_few_shot_held_out(few_shot, evals: list[dict]) -> None:
@@ -233,4 +255,5 @@ def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dic
     return _split_path(cfg, read)
 
 
-__all__ = ["check_prompts", "offline_rows", "online_examples", "split_by_prompt"]
+__all__ = ["ANSWER_READING_REWARDS", "answer_readers", "check_prompts", "offline_rows", "online_examples",
+           "split_by_prompt"]

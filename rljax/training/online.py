@@ -96,13 +96,13 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
 
     def one_update(states, mb):
         p, po, c, co, halted = states
-        p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=rollout_totals(mb),
+        p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=rollout_totals(mb, cfg),
                                       optimizer=optimizer, num_micro=num_micro, skip=halted)
         if critic_loss is not None:
             # the critic's update is refused with the policy's, and the policy's with the critic's
             # (a non-finite critic update stops the step as the policy's does): both halt together
             c, co, cm = apply_update(critic_graphdef, c, critic_frozen, co, mb, loss_fn=critic_loss,
-                                     totals=rollout_totals(mb), optimizer=critic_optimizer, num_micro=num_micro,
+                                     totals=rollout_totals(mb, cfg), optimizer=critic_optimizer, num_micro=num_micro,
                                      skip=halted | (metrics["nonfinite"] > 0))
             renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
             metrics = {**metrics, **{renamed.get(k, k): v for k, v in cm.items()},
