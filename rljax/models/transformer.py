@@ -158,10 +158,17 @@ def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, scaled by ``weight`` in the input dtype (as Hugging Face Llama)."""
-    x32 = x.astype(jnp.float32)
+    """RMSNorm computed in float32 (float64 for float64 input), scaled by ``weight`` in the input dtype
+    (as Hugging Face Llama)."""
+    x32 = x.astype(_at_least_float32(x.dtype))
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return _lead(weight.astype(x.dtype), x.ndim) * normed.astype(x.dtype)
+
+
+def _at_least_float32(dtype):
+    """float32, or ``dtype`` if it is wider: float64 models (the tests' exact-equality checks) keep
+    float64 through the steps that lift bfloat16 to float32."""
+    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _lead(a: jax.Array, ndim: int) -> jax.Array:
@@ -356,14 +363,15 @@ class Transformer(nnx.Module):
             out = jnp.einsum("...d,vd->...v", hidden, w)
         else:
             out = jnp.einsum("...d,dv->...v", hidden, self.lm_head[...].astype(self.dtype))
-        return constrain(out.astype(jnp.float32), axes[:-1] + ("act_vocab",))
+        return constrain(out.astype(_at_least_float32(out.dtype)), axes[:-1] + ("act_vocab",))
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """Scalar value per position ``[..., ]`` (float32) from final hidden states."""
         if self.value_head is None:
             raise ValueError("this model was built without a value head (value_head=True)")
         w, b = self.value_head["w"][...], self.value_head["b"][...]
-        return (jnp.einsum("...d,d->...", hidden.astype(jnp.float32), w.astype(jnp.float32)) + b[0].astype(jnp.float32))
+        f = _at_least_float32(hidden.dtype)
+        return jnp.einsum("...d,d->...", hidden.astype(f), w.astype(f)) + b[0].astype(f)
 
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         return KVCache.empty(self.config, batch_size, max_length, self.dtype)
@@ -426,7 +434,7 @@ class Transformer(nnx.Module):
         at the sampler's 16 x 576 x 49152, 13-15 ms against 24 ms for ``hidden @ headᵀ``)."""
         hidden = constrain(hidden, ("batch", "act_embed"))
         out = _out_major_matmul(weights["head"], hidden)
-        return constrain(out.astype(jnp.float32), ("batch", "act_vocab"))
+        return constrain(out.astype(_at_least_float32(out.dtype)), ("batch", "act_vocab"))
 
     # ------------------------------------------------------------------ one block
     def _block(self, x, lp, rope, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None,
@@ -538,7 +546,8 @@ def _attention(q, k, v, key_mask, query_slots, key_segments=None, query_segments
     # 7.81 s (medians of 5, alternating in one process).
     qt = q.reshape(B, T, KVH, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, hd)
     scores = jnp.einsum("bkmh,bksh->bkms", qt, k.transpose(0, 2, 1, 3)).reshape(B, KVH, G, T, S)
-    scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32) / math.sqrt(hd), jnp.finfo(jnp.float32).min)
+    f = _at_least_float32(scores.dtype)
+    scores = jnp.where(visible[:, None, None], scores.astype(f) / math.sqrt(hd), jnp.finfo(f).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, KVH, G * T, S)
     out = jnp.einsum("bkms,bksh->bkmh", probs, v.transpose(0, 2, 1, 3))  # [B, KVH, G*T, hd]
     return out.reshape(B, KVH, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
@@ -590,9 +599,10 @@ def _attention_one_query(q, k, v, key_mask, query_slots):
     B, T, H, hd = q.shape
     S, KVH = k.shape[1], k.shape[2]
     qg = q.reshape(B, 1, KVH, H // KVH, hd)
-    scores = jnp.sum(qg * k[:, :, :, None, :], axis=-1).astype(jnp.float32) / math.sqrt(hd)  # [B, S, KVH, G]
+    f = _at_least_float32(q.dtype)
+    scores = jnp.sum(qg * k[:, :, :, None, :], axis=-1).astype(f) / math.sqrt(hd)  # [B, S, KVH, G]
     visible = (key_mask > 0) & (jnp.arange(S)[None, :] <= query_slots)  # [B, S]
-    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(f).min)
     probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)  # over S
     out = jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1)  # [B, KVH, G, hd]
     return out.reshape(B, T, H, hd)
