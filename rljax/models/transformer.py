@@ -338,7 +338,7 @@ class Transformer(nnx.Module):
             )
             new_cache = None
         else:
-            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (jnp.zeros_like(cache.index), cache.index))
             query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
 
             def step(carry, lp_and_layer):
@@ -348,7 +348,7 @@ class Transformer(nnx.Module):
                 return (h, keys, values), None
 
             (hidden, keys, values), _ = jax.lax.scan(
-                step, (x, cache.keys, cache.values), (layers, jnp.arange(self.config.num_layers))
+                step, (x, cache.keys, cache.values), (layers, jnp.arange(self.config.num_layers, dtype=jnp.int32))
             )
             new_cache = KVCache(keys=keys, values=values, mask=key_mask, index=cache.index + T)
         hidden = rms_norm(hidden, self.final_norm[...], self.config.rms_norm_eps)
@@ -418,7 +418,7 @@ class Transformer(nnx.Module):
         weights = self.decode_weights() if weights is None else weights
         x = constrain(self.embed[...].astype(self.dtype)[input_ids], _RESIDUAL)  # [B, T, D]
         rope = rope_tables(positions, rope_inverse_frequencies(self.config), self.dtype)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (0, cache.index))
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (jnp.zeros_like(cache.index), cache.index))
         query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
         keys, values = [], []
         for lp, k, v in zip(weights["layers"], cache.keys, cache.values):
