@@ -210,9 +210,14 @@ def test_odpo_offset_hand_computed(use_jit):
 
 def test_odpo_gradient_hand_formula_and_micro_batches():
     """∂/∂logπ(y⁺) of ODPO is −β σ(−(βΔ − o)) / B (DPO's with βΔ shifted), −that for y⁻; four
-    micro-batches with the global pair count sum to the whole-batch value and gradient."""
-    pc, pr, rc, rr, _, _ = _random(5)
-    offset = np.random.default_rng(5).normal(0, 1, pc.size).astype(np.float32)
+    micro-batches with the global pair count sum to the whole-batch value and gradient (in float64)."""
+    with jax.enable_x64(True):
+        _check_odpo_gradient_and_micro_batches()
+
+
+def _check_odpo_gradient_and_micro_batches():
+    pc, pr, rc, rr = (x.astype(np.float64) for x in _random(5)[:4])
+    offset = np.random.default_rng(5).normal(0, 1, pc.size)
 
     @jax.jit
     def value_and_grad(pc, pr, rc, rr, o, num_pairs=None):
@@ -222,11 +227,12 @@ def test_odpo_gradient_hand_formula_and_micro_batches():
     full, (g_c, g_r) = value_and_grad(pc, pr, rc, rr, offset)
     delta = (pc.astype(np.float64) - rc) - (pr - rr)
     weight = 0.1 / (1 + np.exp(0.1 * delta - offset)) / pc.size
-    np.testing.assert_allclose(g_c, -weight, rtol=1e-6)
-    np.testing.assert_allclose(g_r, weight, rtol=1e-6)
+    assert g_c.dtype == np.float64
+    np.testing.assert_allclose(g_c, -weight, rtol=1e-10)
+    np.testing.assert_allclose(g_r, weight, rtol=1e-10)
     parts = [value_and_grad(pc[i], pr[i], rc[i], rr[i], offset[i], pc.size) for i in np.split(np.arange(pc.size), 4)]
-    np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate([p[1][0] for p in parts]), g_c, rtol=1e-6)
+    np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([p[1][0] for p in parts]), g_c, rtol=1e-12)
 
 
 def test_odpo_zero_offset_is_dpo():
