@@ -42,7 +42,8 @@ def test_chunked_logprobs_equal_the_full_pass(chunk, jit):
         logits = logits_fn(hidden)
         assert out["logprobs"].shape == out["entropy"].shape == (2, 7)
         assert out["logprobs"].dtype == out["entropy"].dtype == jnp.float64
-        np.testing.assert_allclose(out["logprobs"], token_logprobs(logits, tokens, temperature=0.7), atol=1e-12, rtol=1e-12)
+        want = token_logprobs(logits, tokens, temperature=0.7)
+        np.testing.assert_allclose(out["logprobs"], want, atol=1e-12, rtol=1e-12)
         np.testing.assert_allclose(out["entropy"], entropy(logits, temperature=0.7), atol=1e-12, rtol=1e-12)
         assert "entropy" not in chunked_logprobs(logits_fn, hidden, tokens, chunk)
 

@@ -69,7 +69,8 @@ def test_a_prompt_group_gives_the_unpacked_logprobs_entropy_and_values(model, pa
     assert np.abs(np.asarray(unpacked["logprobs"])[mask]).max() > 1.0  # far from 0: the comparison can fail
     for key in ("logprobs", "entropy", "values"):
         assert grouped[key].dtype == jnp.float64
-        np.testing.assert_allclose(np.asarray(grouped[key])[mask], np.asarray(unpacked[key])[mask], atol=1e-12, rtol=1e-10,
+        np.testing.assert_allclose(np.asarray(grouped[key])[mask], np.asarray(unpacked[key])[mask], atol=1e-12,
+                                   rtol=1e-10,
                                    err_msg=key)
 
 

@@ -338,7 +338,8 @@ class Transformer(nnx.Module):
             )
             new_cache = None
         else:
-            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (jnp.zeros_like(cache.index), cache.index))
+            zero = jnp.zeros_like(cache.index)  # the index's int32, also under jax x64
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (zero, cache.index))
             query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
 
             def step(carry, lp_and_layer):
@@ -418,7 +419,8 @@ class Transformer(nnx.Module):
         weights = self.decode_weights() if weights is None else weights
         x = constrain(self.embed[...].astype(self.dtype)[input_ids], _RESIDUAL)  # [B, T, D]
         rope = rope_tables(positions, rope_inverse_frequencies(self.config), self.dtype)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (jnp.zeros_like(cache.index), cache.index))
+        zero = jnp.zeros_like(cache.index)  # the index's int32, also under jax x64
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (zero, cache.index))
         query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
         keys, values = [], []
         for lp, k, v in zip(weights["layers"], cache.keys, cache.values):
