@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 
 def _scaled(logits: jax.Array, temperature: float) -> jax.Array:
-    logits = logits.astype(jnp.float32)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # float64 stays float64
     # temperature 0 means greedy decoding; its log-probs are those of the unscaled distribution.
     return logits if temperature in (0.0, 1.0) else logits / temperature
 

@@ -1,4 +1,5 @@
-"""One GRPO update on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU devices vs one device.
+"""One GRPO update (two micro-batches, float64) on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU
+devices vs one device.
 
 Run by tests/test_sharded_train.py in a subprocess (the device count is fixed when jax is imported):
 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python tests/_sharded_train_check.py
@@ -67,15 +68,27 @@ def _step(model, batch):
     return new_params, {k: v[0, 0] for k, v in metrics.items()}  # one pass, one mini-batch
 
 
+def _float64(batch):
+    return jax.tree.map(lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch)
+
+
 def main():
-    model = init_model(CONFIG, seed=0)
-    batch = _batch(model)
+    batch = _batch(init_model(CONFIG, seed=0))  # sampled in float32, as a run does
+    # sharded = one device (and micro-batched = whole batch) is an algebraic equality: the update is
+    # compared in float64, where it holds to ~1e-15 on every host
+    with jax.enable_x64(True):
+        _compare(_float64(batch))
+
+
+def _compare(batch):
+    f64 = {"param_dtype": jnp.float64, "dtype": jnp.float64}
+    model = init_model(CONFIG, seed=0, **f64)
     ref_params, ref_metrics = _step(model, jax.tree.map(jnp.copy, batch))
     ref_params = jax.tree.map(np.asarray, nnx.to_pure_dict(ref_params))
 
     mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
     with sharding.use_mesh(mesh):
-        sharded_model = sharding.shard_model(init_model(CONFIG, seed=0), mesh)
+        sharded_model = sharding.shard_model(init_model(CONFIG, seed=0, **f64), mesh)
         sharded_batch = jax.tree.map(lambda x: jax.device_put(x, sharding.batch_sharding(mesh)), batch)
         new_params, metrics = _step(sharded_model, sharded_batch)
     wq = nnx.to_pure_dict(new_params)["layers"]["wq"]
@@ -83,13 +96,15 @@ def main():
     diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), flat_new, ref_params))
     moved = jax.tree.leaves(jax.tree.map(
         lambda a, b: float(np.abs(a - b).max()), ref_params,
-        jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.split(init_model(CONFIG, seed=0), nnx.Param, ...)[1]))))
+        jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.split(init_model(CONFIG, seed=0, **f64), nnx.Param, ...)[1]))))
     print(json.dumps({
         "devices": jax.device_count(),
+        "param_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(flat_new)}),
         "wq_spec": [s if s is None or isinstance(s, str) else list(s) for s in wq.sharding.spec],
         "max_param_diff": max(diffs),
         "max_param_update": max(moved),
         "metric_diffs": {k: abs(float(metrics[k]) - float(ref_metrics[k])) for k in ref_metrics},
+        "metrics": {k: float(ref_metrics[k]) for k in ref_metrics},
         "loss": float(ref_metrics["loss"]),
     }))
 

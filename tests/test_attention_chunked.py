@@ -16,6 +16,7 @@ from tests._tiny import make_tiny_model_dir
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)  # grouped-query: 2 query heads per key head
+F64 = {"param_dtype": jnp.float64, "dtype": jnp.float64}  # under jax.enable_x64
 
 
 def _inputs(B=3, T=7, seed=0):
@@ -32,13 +33,15 @@ def _logits(params, graphdef, chunk, ids, mask):
 
 @pytest.mark.parametrize("chunk,jit", [(3, False), (3, True), (1, True), (6, True)])  # 7 queries: short last chunks (3, 6)
 def test_chunked_attention_gives_the_dense_logits(chunk, jit):
-    graphdef, params = nnx.split(init_model(CFG, seed=1))
-    ids, mask = _inputs()
-    f = jax.jit(_logits, static_argnums=(1, 2)) if jit else _logits
-    dense, chunked = f(params, graphdef, None, ids, mask), f(params, graphdef, chunk, ids, mask)
+    # an algebraic equality, checked in float64 (the same on every host to ~1e-15)
+    with jax.enable_x64(True):
+        graphdef, params = nnx.split(init_model(CFG, seed=1, **F64))
+        ids, mask = _inputs()
+        f = jax.jit(_logits, static_argnums=(1, 2)) if jit else _logits
+        dense, chunked = f(params, graphdef, None, ids, mask), f(params, graphdef, chunk, ids, mask)
     valid = np.asarray(mask, bool)  # padded queries see no key: their outputs are not used anywhere
-    assert np.abs(np.asarray(dense)[valid]).max() > 0.1
-    np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(dense)[valid], atol=2e-6, rtol=0)
+    assert dense.dtype == np.float64 and np.abs(np.asarray(dense)[valid]).max() > 0.1
+    np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(dense)[valid], atol=1e-12, rtol=1e-10)
 
 
 def test_a_chunk_at_least_as_long_as_the_sequence_is_the_dense_pass():
@@ -48,8 +51,14 @@ def test_a_chunk_at_least_as_long_as_the_sequence_is_the_dense_pass():
 
 
 def test_the_gradient_equals_the_dense_one():
+    # an algebraic equality, checked in float64 (the same on every host to ~1e-15)
+    with jax.enable_x64(True):
+        _check_the_gradient_equals_the_dense_one()
+
+
+def _check_the_gradient_equals_the_dense_one():
     remat = "block"  # inside rematerialised blocks of a layer loop, as long passes run
-    graphdef, params = nnx.split(init_model(CFG, seed=2, scan_layers=True))
+    graphdef, params = nnx.split(init_model(CFG, seed=2, scan_layers=True, **F64))
     ids, mask = _inputs(seed=1)
     target = jax.random.randint(jax.random.key(9), ids.shape, 0, CFG.vocab_size)
 
@@ -62,14 +71,14 @@ def test_the_gradient_equals_the_dense_one():
 
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     (dense, g_dense), (chunked, g_chunked) = grad(params, None), grad(params, 3)
-    np.testing.assert_allclose(chunked, dense, atol=1e-6, rtol=0)
+    assert dense.dtype == jnp.float64
+    np.testing.assert_allclose(chunked, dense, atol=1e-12, rtol=1e-12)
     leaves_dense, leaves_chunked = jax.tree.leaves(g_dense), jax.tree.leaves(g_chunked)
     assert any(np.abs(g).max() > 1e-3 for g in leaves_dense)
-    # the same float32 sums in another order (the key and value gradients are summed over chunks):
-    # differences of float32 rounding, scaled by each gradient's size. Measured: at most 2.4e-6 in the
-    # embedding's gradient, whose largest element is 4.85 (5e-7 of it); <= 1.5e-7 in every other leaf.
+    # the same float64 sums in another order (the key and value gradients are summed over chunks):
+    # differences of float64 rounding, scaled by each gradient's size
     for a, b in zip(leaves_dense, leaves_chunked):
-        np.testing.assert_allclose(b, a, atol=1e-5 * np.abs(a).max(), rtol=1e-5)
+        np.testing.assert_allclose(b, a, atol=1e-12 * np.abs(a).max(), rtol=1e-10)
 
 
 def test_the_gradient_never_holds_every_query_s_scores():

@@ -25,9 +25,9 @@ VARIANTS = {
 }
 
 
-def _model(name):
+def _model(name, **dtypes):
     config, kwargs = VARIANTS[name]
-    model = init_model(config, seed=7, **kwargs)
+    model = init_model(config, seed=7, **kwargs, **dtypes)
     rng = np.random.RandomState(0)
     for k, p in model.layers.items():
         if k.endswith("_lora_b") or k.startswith("b"):  # zero-initialised: give them values to test
@@ -45,7 +45,13 @@ def test_out_major_matmul_is_x_times_w_transposed():
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_decode_step_and_logits_equal_the_cached_forward(name):
-    model = _model(name)
+    # an algebraic equality (the same sums over transposed weights), checked in float64
+    with jax.enable_x64(True):
+        _check_decode_step_equals_the_cached_forward(name)
+
+
+def _check_decode_step_equals_the_cached_forward(name):
+    model = _model(name, param_dtype=jnp.float64, dtype=jnp.float64)
     ids = jnp.asarray([[0, 0, 5, 6, 7], [1, 2, 3, 4, 9]], jnp.int32)
     mask = jnp.asarray([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], jnp.int32)
     positions = jnp.maximum(jnp.cumsum(mask, -1) - 1, 0)
@@ -66,9 +72,11 @@ def test_decode_step_and_logits_equal_the_cached_forward(name):
 
     for f in (step, jax.jit(step)):
         hidden, logits, new = f(weights, cache)
-        np.testing.assert_allclose(np.asarray(hidden), np.asarray(want_hidden), atol=1e-5, rtol=0)
-        np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(want_hidden[:, 0])), atol=1e-5, rtol=0)
-        np.testing.assert_allclose(np.asarray(jnp.stack(new.keys)), np.asarray(want_cache.keys), atol=1e-5, rtol=0)
+        assert logits.dtype == new.keys[0].dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(hidden), np.asarray(want_hidden), atol=1e-12, rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(want_hidden[:, 0])), atol=1e-12,
+                                   rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(jnp.stack(new.keys)), np.asarray(want_cache.keys), atol=1e-12, rtol=1e-10)
         np.testing.assert_array_equal(np.asarray(new.mask), np.asarray(want_cache.mask))
 
 

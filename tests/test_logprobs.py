@@ -17,7 +17,16 @@ COMPLETIONS = [[11, 12], [], [13, 14, 15]]  # the middle row has an empty comple
 
 @pytest.fixture(scope="module")
 def model():
-    return model_with_value_head(CFG)
+    """A float64 model (used under ``x64``): padded = unpadded is an algebraic equality, checked where it
+    holds to ~1e-15 on every host."""
+    with jax.enable_x64(True):
+        return model_with_value_head(CFG, param_dtype=jnp.float64, dtype=jnp.float64)
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
 
 
 def _batch():
@@ -49,8 +58,9 @@ def test_logprobs_and_values_read_the_state_before_each_completion_token(model, 
     for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
         hidden = _unpadded(model, p, c)[len(p) - 1 : len(p) + len(c) - 1]  # state t predicts token t + 1
         logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)[jnp.arange(len(c)), jnp.asarray(c, jnp.int32)]
-        np.testing.assert_allclose(out["logprobs"][i, :len(c)], logp, atol=1e-5)
-        np.testing.assert_allclose(values[i, :len(c)], model.values(hidden), atol=1e-5)
+        assert out["logprobs"].dtype == values.dtype == jnp.float64
+        np.testing.assert_allclose(out["logprobs"][i, :len(c)], logp, atol=1e-12, rtol=1e-10)
+        np.testing.assert_allclose(values[i, :len(c)], model.values(hidden), atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -60,4 +70,5 @@ def test_sequence_rewards_read_the_last_real_token(model, jit):
     assert rewards.shape == (3,)
     expected = [model.values(_unpadded(model, p, c)[-1]) for p, c in zip(PROMPTS, COMPLETIONS)]
     # row 1 (empty completion) reads its last prompt token
-    np.testing.assert_allclose(rewards, jnp.stack(expected), atol=1e-5)
+    assert rewards.dtype == jnp.float64
+    np.testing.assert_allclose(rewards, jnp.stack(expected), atol=1e-12, rtol=1e-10)

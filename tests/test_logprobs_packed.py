@@ -23,7 +23,19 @@ COMPLETIONS = [[[11, 12], [13, 14, 15, 16], [17]],
 
 @pytest.fixture(scope="module")
 def model():
-    return model_with_value_head(CFG)
+    """A float64 model (used under ``x64``): packed = unpacked is an algebraic equality, checked where
+    it holds to ~1e-15 on every host."""
+    with jax.enable_x64(True):
+        return model_with_value_head(CFG, param_dtype=jnp.float64, dtype=jnp.float64)
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 def _grouped():
@@ -60,9 +72,10 @@ def test_packed_logprobs_and_rewards_equal_each_completions_own_row(model, jit):
     unpacked = completion_logprobs(model, *flat)["logprobs"].reshape(B, K, N)
     mask = np.asarray(batch[3], bool)
     assert np.abs(np.asarray(unpacked)[mask]).max() > 1.0  # log-probs of a 53-token vocabulary: far from 0
-    np.testing.assert_allclose(np.asarray(logps)[mask], np.asarray(unpacked)[mask], atol=1e-5)
+    assert logps.dtype == rewards.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(logps)[mask], np.asarray(unpacked)[mask], atol=1e-12, rtol=1e-10)
     # the empty completion (prompt 1, k 1) reads the prompt's last token, as the unpacked row does
-    np.testing.assert_allclose(rewards, sequence_rewards(model, *flat).reshape(B, K), atol=1e-5)
+    np.testing.assert_allclose(rewards, sequence_rewards(model, *flat).reshape(B, K), atol=1e-12, rtol=1e-10)
     assert len({round(float(r), 4) for r in np.asarray(rewards).ravel()}) == B * K  # every completion differs
 
 
@@ -96,10 +109,11 @@ def test_packed_gradient_equals_the_unpacked_gradient(model):
         return jnp.sum(weights * logps) + jnp.sum(weights_r * sequence_rewards(m, *flat).reshape(B, K))
 
     (v1, g1), (v2, g2) = jax.jit(jax.value_and_grad(packed))(params), jax.jit(jax.value_and_grad(unpacked))(params)
-    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    assert v1.dtype == jnp.float64
+    np.testing.assert_allclose(v1, v2, rtol=1e-12)
     for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree.leaves(g1), jax.tree.leaves(g2)):
         scale = max(float(np.abs(np.asarray(b)).max()), 1e-6)
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5, err_msg=str(path[0]))
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-12, err_msg=str(path[0]))
 
 
 @pytest.mark.parametrize("chunk", [2, 5])
@@ -112,7 +126,7 @@ def test_query_chunked_attention_keeps_the_segments(model, chunk):
     chunked_model.attention_chunk = chunk
     chunked = jax.jit(lambda *a: grouped_completion_logprobs(chunked_model, *a))(*batch)
     mask = np.asarray(batch[3], bool)
-    np.testing.assert_allclose(np.asarray(chunked)[mask], np.asarray(dense)[mask], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(chunked)[mask], np.asarray(dense)[mask], atol=1e-12, rtol=1e-10)
 
 
 def test_segments_are_refused_with_a_kv_cache(model):

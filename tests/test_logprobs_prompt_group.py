@@ -23,7 +23,7 @@ from rljax.training import OnlineTrainer
 from rljax.training.online import rollout_batch, score_logprobs, shared_prompt_group
 from tests._tiny import make_tiny_model_dir
 
-from tests.test_logprobs_packed import CFG, COMPLETIONS, PROMPTS, model  # noqa: F401 (a fixture)
+from tests.test_logprobs_packed import CFG, COMPLETIONS, PROMPTS, model, x64  # noqa: F401 (fixtures)
 
 K = len(COMPLETIONS[0])  # completions per prompt
 
@@ -56,6 +56,7 @@ def packed_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.usefixtures("x64")  # `model` is float64: grouped = unpacked is an algebraic equality
 @pytest.mark.parametrize("jit", [False, True])
 def test_a_prompt_group_gives_the_unpacked_logprobs_entropy_and_values(model, packed_calls, jit):
     rows = _rows()
@@ -67,10 +68,13 @@ def test_a_prompt_group_gives_the_unpacked_logprobs_entropy_and_values(model, pa
     mask = np.asarray(rows[3], bool)
     assert np.abs(np.asarray(unpacked["logprobs"])[mask]).max() > 1.0  # far from 0: the comparison can fail
     for key in ("logprobs", "entropy", "values"):
-        np.testing.assert_allclose(np.asarray(grouped[key])[mask], np.asarray(unpacked[key])[mask], atol=1e-5,
+        assert grouped[key].dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(grouped[key])[mask], np.asarray(unpacked[key])[mask], atol=1e-12,
+                                   rtol=1e-10,
                                    err_msg=key)
 
 
+@pytest.mark.usefixtures("x64")
 def test_rows_not_a_multiple_of_the_group_run_unpacked(model, packed_calls):
     rows = tuple(x[:5] for x in _rows())  # 5 rows, groups of 3
     out = completion_logprobs(model, *rows, prompt_group=K)["logprobs"]
@@ -78,6 +82,7 @@ def test_rows_not_a_multiple_of_the_group_run_unpacked(model, packed_calls):
     np.testing.assert_array_equal(out, completion_logprobs(model, *rows)["logprobs"])
 
 
+@pytest.mark.usefixtures("x64")  # `model` is float64: the gradients agree to ~1e-15
 def test_the_gradient_through_a_prompt_group_equals_the_unpacked_one(model):
     graphdef, params = nnx.split(model)
     rows = _rows()
@@ -89,10 +94,11 @@ def test_the_gradient_through_a_prompt_group_equals_the_unpacked_one(model):
 
     (v1, g1) = jax.jit(jax.value_and_grad(functools.partial(loss, group=K)))(params)
     (v2, g2) = jax.jit(jax.value_and_grad(functools.partial(loss, group=1)))(params)
-    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    assert v1.dtype == jnp.float64
+    np.testing.assert_allclose(v1, v2, rtol=1e-12)
     for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree.leaves(g1), jax.tree.leaves(g2)):
         scale = max(float(np.abs(np.asarray(b)).max()), 1e-6)
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5, err_msg=str(path[0]))
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-12, err_msg=str(path[0]))
 
 
 def test_packing_saves_by_the_hand_computed_costs():

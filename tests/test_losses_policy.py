@@ -427,35 +427,47 @@ def _pg_value_and_grad(lp, old, adv, mask, sampling, rl, ent, num_sequences=None
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 def test_micro_batches_sum_to_full_batch(ratio_level):
     """Every reduction: 4 micro-batches with the global counts sum to the whole-batch value and
-    gradient (with dual clip, TIS, KL and entropy terms all on)."""
+    gradient (with dual clip, TIS, KL and entropy terms all on). An algebraic equality: in float64."""
+    with jax.enable_x64(True):
+        _check_micro_batches_sum_to_full_batch(ratio_level)
+
+
+def _check_micro_batches_sum_to_full_batch(ratio_level):
     d = _random(7, b=8, t=6, spread=0.4)
     d["mask"][5, :] = 0  # one empty row
     keys = ("lp", "old", "adv", "mask", "sampling", "rl", "ent")
-    arrays = [jnp.asarray(d[k], jnp.float32) for k in keys]
+    arrays = [jnp.asarray(d[k], jnp.float64) for k in keys]
     counts = dict(num_sequences=R.num_valid_sequences(d["mask"]), num_tokens=R.num_valid_tokens(d["mask"]))
     full = _pg_value_and_grad(*arrays, ratio_level=ratio_level)
     parts = [_pg_value_and_grad(*part, **counts, ratio_level=ratio_level)
              for part in zip(*(jnp.split(a, 4) for a in arrays))]
     for reduction in R.REDUCTIONS:
         full_v, full_g = full[reduction]
-        np.testing.assert_allclose(sum(p[reduction][0] for p in parts), full_v, rtol=1e-6, atol=1e-7,
+        assert full_v.dtype == jnp.float64
+        np.testing.assert_allclose(sum(p[reduction][0] for p in parts), full_v, rtol=1e-12, atol=1e-15,
                                    err_msg=reduction)
         np.testing.assert_allclose(jnp.concatenate([p[reduction][1] for p in parts]), full_g,
-                                   rtol=1e-6, atol=1e-8, err_msg=reduction)
+                                   rtol=1e-12, atol=1e-15, err_msg=reduction)
 
 
 def test_reinforce_micro_batches_and_padding():
+    with jax.enable_x64(True):  # an algebraic equality: checked in float64
+        _check_reinforce_micro_batches_and_padding()
+
+
+def _check_reinforce_micro_batches_and_padding():
     d = _random(8)
-    lp, adv = _f32(d["lp"], d["adv"])
-    mask = d["mask"]
+    lp, adv = (jnp.asarray(d[k], jnp.float64) for k in ("lp", "adv"))
+    mask = d["mask"].astype(np.float64)
     vg = jax.jit(lambda x, a, m, s=None, n=None: jax.value_and_grad(
         lambda y: P.reinforce_loss(y, a, m, reduction="token_mean", num_sequences=s, num_tokens=n)[0])(x))
     full_v, full_g = vg(lp, adv, mask)
     parts = [vg(x, a, m, R.num_valid_sequences(mask), R.num_valid_tokens(mask))
              for x, a, m in zip(jnp.split(lp, 4), jnp.split(adv, 4), np.split(mask, 4))]
-    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-6)
-    np.testing.assert_allclose(jnp.concatenate([g for _, g in parts]), full_g, rtol=1e-6, atol=1e-8)
+    assert full_v.dtype == jnp.float64
+    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-12)
+    np.testing.assert_allclose(jnp.concatenate([g for _, g in parts]), full_g, rtol=1e-12, atol=1e-15)
     padded_lp = jnp.pad(lp, ((0, 1), (0, 2)), constant_values=-jnp.inf)
     padded = vg(padded_lp, jnp.pad(adv, ((0, 1), (0, 2))), np.pad(mask, ((0, 1), (0, 2))))
-    np.testing.assert_allclose(padded[0], full_v, rtol=1e-6)
+    np.testing.assert_allclose(padded[0], full_v, rtol=1e-12)
     assert np.all(np.isfinite(padded[1]))

@@ -150,8 +150,13 @@ def test_dpo_gradient_hand_formula():
 
 def test_padding_rows_and_micro_batches():
     """Two junk pairs with mask 0 change nothing; 4 micro-batches with the global pair count sum
-    to the whole-batch value and gradient — for every loss type."""
-    pc, pr, rc, rr, lc, lr = _random(3, b=8)
+    to the whole-batch value and gradient — for every loss type. Algebraic equalities: in float64."""
+    with jax.enable_x64(True):
+        _check_padding_rows_and_micro_batches()
+
+
+def _check_padding_rows_and_micro_batches():
+    pc, pr, rc, rr, lc, lr = (x.astype(np.float64) if x.dtype == np.float32 else x for x in _random(3, b=8))
     full = _all_value_and_grads(pc, pr, rc, rr, lc, lr)
 
     def pad(x, v):
@@ -159,20 +164,21 @@ def test_padding_rows_and_micro_batches():
 
     padded = _all_value_and_grads(pad(pc, -np.inf), pad(pr, np.nan), pad(rc, np.nan),
                                   pad(rr, np.inf), pad(lc, 0), pad(lr, 0),
-                                  pad(np.ones(8, np.float32), 0))
+                                  pad(np.ones(8, np.float64), 0))
     parts = [_all_value_and_grads(pc[i], pr[i], rc[i], rr[i], lc[i], lr[i], None, 8)
              for i in np.split(np.arange(8), 4)]
     for loss_type, (full_v, full_g) in full.items():
         pv, pg = padded[loss_type]
-        np.testing.assert_allclose(pv, full_v, rtol=1e-6, err_msg=loss_type)
+        assert full_v.dtype == np.float64
+        np.testing.assert_allclose(pv, full_v, rtol=1e-12, err_msg=loss_type)
         for k in range(2):
-            np.testing.assert_allclose(pg[k][:8], full_g[k], rtol=1e-6, err_msg=loss_type)
+            np.testing.assert_allclose(pg[k][:8], full_g[k], rtol=1e-12, err_msg=loss_type)
             np.testing.assert_array_equal(pg[k][8:], 0.0)
-        np.testing.assert_allclose(sum(p[loss_type][0] for p in parts), full_v, rtol=1e-6,
+        np.testing.assert_allclose(sum(p[loss_type][0] for p in parts), full_v, rtol=1e-12,
                                    err_msg=loss_type)
         for k in range(2):
             np.testing.assert_allclose(np.concatenate([p[loss_type][1][k] for p in parts]),
-                                       full_g[k], rtol=1e-6, err_msg=loss_type)
+                                       full_g[k], rtol=1e-12, err_msg=loss_type)
 
 
 # ODPO (arXiv:2402.10571) on the hand pairs, β = 0.1, offsets o = [0.5, −0.3, (NaN: padded)]:
@@ -204,9 +210,14 @@ def test_odpo_offset_hand_computed(use_jit):
 
 def test_odpo_gradient_hand_formula_and_micro_batches():
     """∂/∂logπ(y⁺) of ODPO is −β σ(−(βΔ − o)) / B (DPO's with βΔ shifted), −that for y⁻; four
-    micro-batches with the global pair count sum to the whole-batch value and gradient."""
-    pc, pr, rc, rr, _, _ = _random(5)
-    offset = np.random.default_rng(5).normal(0, 1, pc.size).astype(np.float32)
+    micro-batches with the global pair count sum to the whole-batch value and gradient (in float64)."""
+    with jax.enable_x64(True):
+        _check_odpo_gradient_and_micro_batches()
+
+
+def _check_odpo_gradient_and_micro_batches():
+    pc, pr, rc, rr = (x.astype(np.float64) for x in _random(5)[:4])
+    offset = np.random.default_rng(5).normal(0, 1, pc.size)
 
     @jax.jit
     def value_and_grad(pc, pr, rc, rr, o, num_pairs=None):
@@ -216,11 +227,12 @@ def test_odpo_gradient_hand_formula_and_micro_batches():
     full, (g_c, g_r) = value_and_grad(pc, pr, rc, rr, offset)
     delta = (pc.astype(np.float64) - rc) - (pr - rr)
     weight = 0.1 / (1 + np.exp(0.1 * delta - offset)) / pc.size
-    np.testing.assert_allclose(g_c, -weight, rtol=1e-6)
-    np.testing.assert_allclose(g_r, weight, rtol=1e-6)
+    assert g_c.dtype == np.float64
+    np.testing.assert_allclose(g_c, -weight, rtol=1e-10)
+    np.testing.assert_allclose(g_r, weight, rtol=1e-10)
     parts = [value_and_grad(pc[i], pr[i], rc[i], rr[i], offset[i], pc.size) for i in np.split(np.arange(pc.size), 4)]
-    np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate([p[1][0] for p in parts]), g_c, rtol=1e-6)
+    np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([p[1][0] for p in parts]), g_c, rtol=1e-12)
 
 
 def test_odpo_zero_offset_is_dpo():

@@ -133,19 +133,25 @@ def test_weighted_nll_gradient_and_stop_gradient():
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_weighted_nll_micro_batches_sum_to_full_batch(reduction):
+    with jax.enable_x64(True):  # an algebraic equality: checked in float64
+        _check_weighted_nll_micro_batches(reduction)
+
+
+def _check_weighted_nll_micro_batches(reduction):
     rng = np.random.default_rng(0)
-    lp = -rng.random((6, 4)).astype(np.float32) * 3
-    mask = (rng.random((6, 4)) < 0.7).astype(np.float32)
+    lp = -rng.random((6, 4)) * 3
+    mask = (rng.random((6, 4)) < 0.7).astype(np.float64)
     mask[2] = 0
-    w = rng.random(6).astype(np.float32) * 2
+    w = rng.random(6) * 2
     counts = dict(num_sequences=float(np.any(mask, -1).sum()), num_tokens=float(mask.sum()), max_length=4)
     full = jax.value_and_grad(lambda x: weighted_nll_loss(x, mask, w, reduction=reduction, **counts)[0])(lp)
     parts = [jax.value_and_grad(lambda x, m=m, ww=ww: weighted_nll_loss(x, m, ww, reduction=reduction, **counts)[0])(x)
              for x, m, ww in zip(np.split(lp, 3), np.split(mask, 3), np.split(w, 3))]
-    np.testing.assert_allclose(sum(p[0] for p in parts), full[0], rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), full[1], rtol=1e-6, atol=1e-8)
+    assert full[0].dtype == np.float64
+    np.testing.assert_allclose(sum(p[0] for p in parts), full[0], rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), full[1], rtol=1e-12, atol=1e-15)
     # and the local default equals the explicit whole-batch counts
-    np.testing.assert_allclose(weighted_nll_loss(lp, mask, w, reduction=reduction)[0], full[0], rtol=1e-6)
+    np.testing.assert_allclose(weighted_nll_loss(lp, mask, w, reduction=reduction)[0], full[0], rtol=1e-12)
 
 
 def test_weighted_nll_shape_checks():

@@ -132,8 +132,14 @@ def _all_modes_value_and_grad(x, m, num_sequences=None, num_tokens=None):
 
 def test_micro_batches_sum_to_full_batch():
     """Every mode: four micro-batches with the global S and N (and L_max) sum to the whole-batch
-    value and gradient."""
+    value and gradient. An algebraic equality: checked in float64."""
+    with jax.enable_x64(True):
+        _check_micro_batches_sum_to_full_batch()
+
+
+def _check_micro_batches_sum_to_full_batch():
     loss, mask = _random(2, b=8, t=6)
+    loss, mask = loss.astype(np.float64), mask.astype(np.float64)
     mask[3] = 0  # an empty row inside one micro-batch
     counts = dict(num_sequences=R.num_valid_sequences(mask), num_tokens=R.num_valid_tokens(mask))
     full = _all_modes_value_and_grad(loss, mask)
@@ -141,10 +147,11 @@ def test_micro_batches_sum_to_full_batch():
              for x, m in zip(np.split(loss, 4), np.split(mask, 4))]
     for mode in MODES:
         full_value, full_grad = full[mode]
-        np.testing.assert_allclose(sum(p[mode][0] for p in parts), full_value, rtol=1e-6, atol=1e-7,
+        assert full_value.dtype == np.float64
+        np.testing.assert_allclose(sum(p[mode][0] for p in parts), full_value, rtol=1e-12, atol=1e-15,
                                    err_msg=mode)
         np.testing.assert_allclose(np.concatenate([p[mode][1] for p in parts]), full_grad,
-                                   rtol=1e-6, atol=1e-8, err_msg=mode)
+                                   rtol=1e-12, atol=1e-15, err_msg=mode)
     # Without the global counts, averaging the parts' token means is NOT the whole-batch mean.
     local = [_all_modes_value_and_grad(x, m)["token_mean"][0]
              for x, m in zip(np.split(loss, 4), np.split(mask, 4))]
@@ -162,7 +169,10 @@ def test_bfloat16_inputs_reduce_in_float32():
 
 
 def test_masked_mean_micro_batches():
-    loss, mask = _random(3)
-    n = R.num_valid_tokens(mask)
-    parts = sum(R.masked_mean(x, m, denominator=n) for x, m in zip(np.split(loss, 4), np.split(mask, 4)))
-    np.testing.assert_allclose(parts, R.masked_mean(loss, mask), rtol=1e-6)
+    with jax.enable_x64(True):  # an algebraic equality: checked in float64
+        loss, mask = (x.astype(np.float64) for x in _random(3))
+        n = R.num_valid_tokens(mask)
+        parts = sum(R.masked_mean(x, m, denominator=n) for x, m in zip(np.split(loss, 4), np.split(mask, 4)))
+        whole = R.masked_mean(loss, mask)
+    assert whole.dtype == np.float64
+    np.testing.assert_allclose(parts, whole, rtol=1e-12)

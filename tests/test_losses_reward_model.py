@@ -100,33 +100,39 @@ def test_gradients():
 
 
 def test_padding_and_micro_batches():
-    chosen, rejected, margin = _random(4)
+    with jax.enable_x64(True):  # algebraic equalities: checked in float64
+        _check_padding_and_micro_batches()
+
+
+def _check_padding_and_micro_batches():
+    chosen, rejected, margin = (x.astype(np.float64) for x in _random(4))
     bt = jax.jit(jax.value_and_grad(lambda c, r, mg, m=None, n=None: RM.bradley_terry_loss(
         c, r, margin=mg, centering_coef=0.01, mask=m, num_pairs=n)[0], argnums=(0, 1)))
     full_v, full_g = bt(chosen, rejected, margin)
-    pad = lambda x, v: np.concatenate([x, np.full(2, v, np.float32)])
+    pad = lambda x, v: np.concatenate([x, np.full(2, v, np.float64)])
     pv, pg = bt(pad(chosen, np.nan), pad(rejected, np.inf), pad(margin, np.nan),
-                pad(np.ones(8, np.float32), 0))
-    np.testing.assert_allclose(pv, full_v, rtol=1e-6)
-    np.testing.assert_allclose(pg[0][:8], full_g[0], rtol=1e-6)
+                pad(np.ones(8, np.float64), 0))
+    assert full_v.dtype == np.float64
+    np.testing.assert_allclose(pv, full_v, rtol=1e-12)
+    np.testing.assert_allclose(pg[0][:8], full_g[0], rtol=1e-12)
     np.testing.assert_array_equal(pg[0][8:], 0.0)
     parts = [bt(chosen[i], rejected[i], margin[i], None, 8) for i in np.split(np.arange(8), 4)]
-    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate([g[0] for _, g in parts]), full_g[0], rtol=1e-6)
+    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([g[0] for _, g in parts]), full_g[0], rtol=1e-12)
 
     rng = np.random.default_rng(5)
-    rewards = rng.normal(size=(8, 3)).astype(np.float32)
+    rewards = rng.normal(size=(8, 3))
     kw = jax.jit(jax.value_and_grad(lambda r, m=None, n=None: RM.kwise_ranking_loss(
         r, mask=m, num_prompts=n)[0]))
     full_v, full_g = kw(rewards)
-    big = np.full((10, 5), np.nan, np.float32)
+    big = np.full((10, 5), np.nan, np.float64)
     big[:8, :3] = rewards
-    big_mask = np.zeros((10, 5), np.float32)
+    big_mask = np.zeros((10, 5), np.float64)
     big_mask[:8, :3] = 1
     pv, pg = kw(big, big_mask)
-    np.testing.assert_allclose(pv, full_v, rtol=1e-6)
-    np.testing.assert_allclose(pg[:8, :3], full_g, rtol=1e-6)
+    np.testing.assert_allclose(pv, full_v, rtol=1e-12)
+    np.testing.assert_allclose(pg[:8, :3], full_g, rtol=1e-12)
     np.testing.assert_array_equal(np.asarray(pg)[big_mask == 0], 0.0)
     parts = [kw(r, None, 8) for r in np.split(rewards, 4)]
-    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate([g for _, g in parts]), full_g, rtol=1e-6)
+    np.testing.assert_allclose(sum(v for v, _ in parts), full_v, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate([g for _, g in parts]), full_g, rtol=1e-12)

@@ -121,11 +121,17 @@ def _value_and_grads(val, old, ret, mask, num_sequences=None, num_tokens=None):
 
 
 def test_micro_batches_sum_to_full_batch():
-    val, old, ret, mask = _random(3)
+    with jax.enable_x64(True):  # an algebraic equality: checked in float64
+        _check_micro_batches_sum_to_full_batch()
+
+
+def _check_micro_batches_sum_to_full_batch():
+    val, old, ret, mask = (x.astype(np.float64) for x in _random(3))
     counts = dict(num_sequences=R.num_valid_sequences(mask), num_tokens=R.num_valid_tokens(mask))
     full = _value_and_grads(val, old, ret, mask)
     parts = [_value_and_grads(*p, **counts) for p in zip(*(np.split(x, 4) for x in (val, old, ret, mask)))]
     for red in R.REDUCTIONS:
-        np.testing.assert_allclose(sum(p[red][0] for p in parts), full[red][0], rtol=1e-6, err_msg=red)
+        assert full[red][0].dtype == np.float64
+        np.testing.assert_allclose(sum(p[red][0] for p in parts), full[red][0], rtol=1e-12, err_msg=red)
         np.testing.assert_allclose(np.concatenate([p[red][1] for p in parts]), full[red][1],
-                                   rtol=1e-6, atol=1e-8, err_msg=red)
+                                   rtol=1e-12, atol=1e-15, err_msg=red)

@@ -22,9 +22,10 @@ def test_sharded_update_matches_one_device():
                             text=True, env=env, cwd=os.path.dirname(HERE), timeout=1800)  # a hang guard
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["devices"] == 8
+    assert report["devices"] == 8 and report["param_dtypes"] == ["float64"]  # an algebraic equality, in float64
     assert report["wq_spec"][:3] == [None, "fsdp", "tensor"]  # the parameters really are sharded
     assert report["max_param_update"] > 1e-2  # the step (SGD, lr 1: the gradient) moved the parameters ...
-    assert report["max_param_diff"] < 1e-5  # ... identically on one device and on eight
+    # ... identically on one device and on eight, to float64 rounding (measured 2.2e-15 of an update of 1.34)
+    assert report["max_param_diff"] < 1e-12 * report["max_param_update"]
     for key, diff in report["metric_diffs"].items():
-        assert diff < 1e-5, (key, diff)
+        assert diff <= 1e-12 * max(1.0, abs(report["metrics"][key])), (key, diff)

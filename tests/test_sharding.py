@@ -295,8 +295,12 @@ def test_sharded_forward_and_sampler_match_unsharded_on_8_devices():
     assert r["shard_model_values_equal"]
     assert r["batch_shard_shape"] == [2, 12]
     assert r["forward_collectives"] > 0  # the program is partitioned, not run on one device
-    # logits and the sampler agree with the unsharded model
-    assert r["logits_max_abs_diff"] <= 1e-5
+    # logits and the sampler agree with the unsharded model: the logits and the trainer's log-probs in
+    # float64 (an algebraic equality; float64 rounding at the values' scale), the sampler in float32
+    f64 = r["float64"]
+    assert f64["dtypes"] == ["float64"] and f64["logits_max_abs"] > 0.1 and f64["logprobs_max_abs"] > 1.0, f64
+    assert f64["logits_max_abs_diff"] <= 1e-12 * f64["logits_max_abs"], f64
+    assert f64["logprobs_max_abs_diff"] <= 1e-12 * f64["logprobs_max_abs"], f64
     for name in ("greedy", "temp1"):
         s = r[name]
         assert s["tokens_equal"] and s["mask_equal"], (name, s)

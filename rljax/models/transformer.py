@@ -157,10 +157,17 @@ def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, scaled by ``weight`` in the input dtype (as Hugging Face Llama)."""
-    x32 = x.astype(jnp.float32)
+    """RMSNorm computed in float32 (float64 for float64 input), scaled by ``weight`` in the input dtype
+    (as Hugging Face Llama)."""
+    x32 = x.astype(_at_least_float32(x.dtype))
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return _lead(weight.astype(x.dtype), x.ndim) * normed.astype(x.dtype)
+
+
+def _at_least_float32(dtype):
+    """float32, or ``dtype`` if it is wider: float64 models (the tests' exact-equality checks) keep
+    float64 through the steps that lift bfloat16 to float32."""
+    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _lead(a: jax.Array, ndim: int) -> jax.Array:
@@ -330,7 +337,8 @@ class Transformer(nnx.Module):
             )
             new_cache = None
         else:
-            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+            zero = jnp.zeros_like(cache.index)  # the index's int32, also under jax x64
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (zero, cache.index))
             query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
 
             def step(carry, lp_and_layer):
@@ -340,7 +348,7 @@ class Transformer(nnx.Module):
                 return (h, keys, values), None
 
             (hidden, keys, values), _ = jax.lax.scan(
-                step, (x, cache.keys, cache.values), (layers, jnp.arange(self.config.num_layers))
+                step, (x, cache.keys, cache.values), (layers, jnp.arange(self.config.num_layers, dtype=jnp.int32))
             )
             new_cache = KVCache(keys=keys, values=values, mask=key_mask, index=cache.index + T)
         hidden = rms_norm(hidden, self.final_norm[...], self.config.rms_norm_eps)
@@ -355,14 +363,15 @@ class Transformer(nnx.Module):
             out = jnp.einsum("...d,vd->...v", hidden, w)
         else:
             out = jnp.einsum("...d,dv->...v", hidden, self.lm_head[...].astype(self.dtype))
-        return constrain(out.astype(jnp.float32), axes[:-1] + ("act_vocab",))
+        return constrain(out.astype(_at_least_float32(out.dtype)), axes[:-1] + ("act_vocab",))
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """Scalar value per position ``[..., ]`` (float32) from final hidden states."""
         if self.value_head is None:
             raise ValueError("this model was built without a value head (value_head=True)")
         w, b = self.value_head["w"][...], self.value_head["b"][...]
-        return (jnp.einsum("...d,d->...", hidden.astype(jnp.float32), w.astype(jnp.float32)) + b[0].astype(jnp.float32))
+        f = _at_least_float32(hidden.dtype)
+        return jnp.einsum("...d,d->...", hidden.astype(f), w.astype(f)) + b[0].astype(f)
 
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         return KVCache.empty(self.config, batch_size, max_length, self.dtype)
@@ -409,7 +418,8 @@ class Transformer(nnx.Module):
         weights = self.decode_weights() if weights is None else weights
         x = constrain(self.embed[...].astype(self.dtype)[input_ids], _RESIDUAL)  # [B, T, D]
         rope = rope_tables(positions, rope_inverse_frequencies(self.config), self.dtype)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (0, cache.index))
+        zero = jnp.zeros_like(cache.index)  # the index's int32, also under jax x64
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((B, T), jnp.int32), (zero, cache.index))
         query_slots = jnp.broadcast_to(cache.index + jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
         keys, values = [], []
         for lp, k, v in zip(weights["layers"], cache.keys, cache.values):
@@ -425,7 +435,7 @@ class Transformer(nnx.Module):
         and docs/performance.md#out-major-decode-weights)."""
         hidden = constrain(hidden, ("batch", "act_embed"))
         out = _out_major_matmul(weights["head"], hidden)
-        return constrain(out.astype(jnp.float32), ("batch", "act_vocab"))
+        return constrain(out.astype(_at_least_float32(out.dtype)), ("batch", "act_vocab"))
 
     # ------------------------------------------------------------------ one block
     def _block(self, x, lp, rope, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None,
@@ -533,7 +543,8 @@ def _attention(q, k, v, key_mask, query_slots, key_segments=None, query_segments
     # element by element on its own (the timings: docs/performance.md#head-major-attention).
     qt = q.reshape(B, T, KVH, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KVH, G * T, hd)
     scores = jnp.einsum("bkmh,bksh->bkms", qt, k.transpose(0, 2, 1, 3)).reshape(B, KVH, G, T, S)
-    scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32) / math.sqrt(hd), jnp.finfo(jnp.float32).min)
+    f = _at_least_float32(scores.dtype)
+    scores = jnp.where(visible[:, None, None], scores.astype(f) / math.sqrt(hd), jnp.finfo(f).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, KVH, G * T, S)
     out = jnp.einsum("bkms,bksh->bkmh", probs, v.transpose(0, 2, 1, 3))  # [B, KVH, G*T, hd]
     return out.reshape(B, KVH, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
@@ -585,9 +596,10 @@ def _attention_one_query(q, k, v, key_mask, query_slots):
     B, T, H, hd = q.shape
     S, KVH = k.shape[1], k.shape[2]
     qg = q.reshape(B, 1, KVH, H // KVH, hd)
-    scores = jnp.sum(qg * k[:, :, :, None, :], axis=-1).astype(jnp.float32) / math.sqrt(hd)  # [B, S, KVH, G]
+    f = _at_least_float32(q.dtype)
+    scores = jnp.sum(qg * k[:, :, :, None, :], axis=-1).astype(f) / math.sqrt(hd)  # [B, S, KVH, G]
     visible = (key_mask > 0) & (jnp.arange(S)[None, :] <= query_slots)  # [B, S]
-    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(visible[:, :, None, None], scores, jnp.finfo(f).min)
     probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)  # over S
     out = jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1)  # [B, KVH, G, hd]
     return out.reshape(B, T, H, hd)
