@@ -362,6 +362,10 @@ class SpeedRun:
         device = jax.devices()[0]
         self.params, self.frozen, self.opt_state, self.batch, self.key = jax.device_put(
             (self.params, self.frozen, self.opt_state, batch, jax.random.key(0)), device)
+        # the trainer keeps a copy of a full fine-tune's starting weights as the reference (and the
+        # plan counts it in the resident state): hold one too, so the peak memory compares like for like
+        needs_copy = self.algo.needs_reference(a) and not m.lora_rank
+        self.reference = jax.tree.map(jnp.copy, self.params) if needs_copy else None
 
     def _scope(self):
         from rljax.sharding import use_mesh

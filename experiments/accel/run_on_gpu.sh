@@ -15,6 +15,8 @@ if [ ${#wheels[@]} -eq 0 ]; then
 fi
 # --target: a plain folder on PYTHONPATH, whatever environment the image's python3 lives in
 python3 -m pip install --quiet --no-index --no-deps --target "$SITE" "${wheels[@]}" || exit 2
+# a rerun on the same (still warm) machine reuses the first run's compiled programs
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/rljax-jax-cache}"
 LOG="${OUT:-/tmp}/gpu_check.log"
 PYTHONPATH="$PWD:$SITE" timeout -k 10 "${GPU_CHECK_TIMEOUT_S:-480}" \
   python3 experiments/accel/gpu_check.py "$@" 2>&1 | tee "$LOG"
