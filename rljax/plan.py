@@ -206,11 +206,12 @@ def target_devices(target: Target) -> list:
 
 
 def cuda_plugin_installed() -> bool:
-    """Whether JAX's CUDA plugin (the ``cuda`` extra: ``jax_plugins.xla_cuda12``) is importable."""
+    """Whether a JAX CUDA plugin is importable: the ``cuda`` extra's ``jax_plugins.xla_cuda12``, or the
+    CUDA 13 one (``jax[cuda13]``, ``jax_plugins.xla_cuda13``) that newer GPU images bring."""
     import importlib.util
 
-    return importlib.util.find_spec("jax_plugins") is not None and \
-        importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    return importlib.util.find_spec("jax_plugins") is not None and any(
+        importlib.util.find_spec(f"jax_plugins.{name}") is not None for name in ("xla_cuda12", "xla_cuda13"))
 
 
 def _gpu_devices(target: Target) -> list:
