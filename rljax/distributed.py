@@ -116,7 +116,8 @@ def lost_process_line(err: BaseException, *, argv: list[str] | None = None) -> s
     """The one line that says a multi-process run lost a process, which, and how to resume; None when
     ``err`` is not that (or the run has one process)."""
     n = jax.process_count()
-    text = str(err)
+    runtime = [e for e in _chain(err) if isinstance(e, jax.errors.JaxRuntimeError)]  # not a reward's own error
+    text = str(runtime[0]) if runtime else ""
     if n < 2 or not any(marker in text.lower() for marker in _LOST_PEER):
         return None
     me = jax.process_index()
@@ -140,6 +141,14 @@ def exit_if_lost_process(err: BaseException) -> None:
         os.write(2, (line + "\n").encode())
     finally:
         os._exit(LOST_PROCESS_EXIT_CODE)
+
+
+def _chain(err: BaseException | None):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
 
 
 def _resume_command(argv: list[str]) -> str:
