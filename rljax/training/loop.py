@@ -21,7 +21,11 @@ logged, and ``NonFiniteLossError`` propagates; when earlier updates of that step
 (several updates a step), that state is not saved and the line names the last clean checkpoint. SIGTERM, SIGINT or SIGHUP
 (a preemption, Ctrl-C, a closed terminal or SSH session) stops the run at the next step boundary: the state is checkpointed (and committed), a line is logged and
 ``Preempted`` is raised (``rljax train`` exits with ``128 + signal``); a second SIGINT raises
-``KeyboardInterrupt`` at once. Saving never changes the state, so where saves happen does not
+``KeyboardInterrupt`` at once. A step, evaluation or save that makes no progress for
+``train.hang_timeout_s``, or a stop signal whose step boundary does not come within
+``train.stop_timeout_s``, ends the process with every thread's stack in the run directory
+(``rljax.training.watchdog``); another process of a multi-process run dying ends this one with one
+line naming it and the resume command (``rljax.distributed.exit_if_lost_process``). Saving never changes the state, so where saves happen does not
 change the run. The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never
 on import.
 """
