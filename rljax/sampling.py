@@ -93,24 +93,17 @@ def generate(
     B, P = input_ids.shape
     # padding rows (all the same) make whole groups when the padded batch is a multiple of K
     group = prompt_group if prompt_group > 1 and B % prompt_group == 0 else 1
-    pad = ((0, 0), (0, 0))
     if bucket:
         P_b, B_b = bucket_length(P, 16), bucket_length(B, 8)
         group = group if B_b % group == 0 else 1
         pad = ((0, B_b - B), (P_b - P, 0))
-    return _generate_padded(graphdef, tuple(states), input_ids, attention_mask, key, config, group, pad)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "prompt_group", "pad"))
-def _generate_padded(graphdef, states, input_ids, attention_mask, key, config: SamplingConfig, prompt_group: int,
-                     pad: tuple):
-    """:func:`_generate` of the rows padded by ``pad``, cut back to the given rows, as one program: on a
-    batch split over several processes each eager op would be a cross-process program of its own."""
-    B = input_ids.shape[0]
-    input_ids = jnp.pad(jnp.asarray(input_ids, jnp.int32), pad, constant_values=config.pad_token_id)
-    attention_mask = jnp.pad(jnp.asarray(attention_mask, jnp.int32), pad)
-    out = _generate(graphdef, states, input_ids, attention_mask, key, config, prompt_group)
-    return jax.tree.map(lambda x: x[:B], out)
+        input_ids = jnp.pad(jnp.asarray(input_ids, jnp.int32), pad, constant_values=config.pad_token_id)
+        attention_mask = jnp.pad(jnp.asarray(attention_mask, jnp.int32), pad)
+    out = _generate(graphdef, tuple(states), jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
+                    key, config, group)
+    if bucket:
+        out = jax.tree.map(lambda x: x[:B], out)
+    return out
 
 
 def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
