@@ -178,6 +178,15 @@ class TrainSection:
     save_model: bool = True
     # at the end (and on a stop signal), write RUN_DIR/curves.png: rljax.plots.plot_runs
     plot: bool = True
+    # a step (or evaluation, or save) that makes no progress for this many seconds is a hang: every
+    # thread's Python stack goes to RUN_DIR/hang_stacks.process<i>.txt and the process exits with
+    # status 75 so a scheduler restarts it (rljax.training.watchdog); well above the slowest step
+    # (the first one compiles). null = never
+    hang_timeout_s: Optional[float] = 1800.0
+    # after SIGTERM / SIGINT / SIGHUP the run stops at the next step boundary with a checkpoint; if that
+    # boundary (and the save) does not come within this many seconds, the process writes its stacks
+    # and exits without one (a hung collective never reaches it). null = wait for the boundary
+    stop_timeout_s: Optional[float] = 60.0
 
     def validate(self) -> None:
         check_range(self, "steps", low=1)
@@ -185,6 +194,8 @@ class TrainSection:
         check_range(self, "samples_every", low=0, note="(null or 0 = never)")
         check_range(self, "save_every", low=0, note="(null or 0 = only at the end and on a stop)")
         check_range(self, "save_every_minutes", low=0, low_open=True, note="(null = off)")
+        check_range(self, "hang_timeout_s", low=0, low_open=True, note="(null = never)")
+        check_range(self, "stop_timeout_s", low=0, low_open=True, note="(null = wait for the step boundary)")
 
 
 @dataclasses.dataclass(frozen=True)

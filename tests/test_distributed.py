@@ -5,6 +5,7 @@ two real processes joined by jax.distributed over gloo on 127.0.0.1)."""
 import os
 import sys
 
+import jax
 import pytest
 
 from rljax.distributed import any_process, cluster_detected, initialize
@@ -58,3 +59,28 @@ def test_any_process_is_the_or_over_two_processes(tmp_path):
     for out in outs:
         # process 0 alone raised the first flag of the first call, process 1 alone the second of the second
         assert "(True, False) (False, True) (False, False)" in out, out[-3000:]
+
+
+def test_a_lost_process_is_one_line_naming_it_and_the_resume_command(monkeypatch):
+    from rljax.distributed import lost_process_line
+
+    gloo = jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] "
+                                      "Connection closed by peer [127.0.0.1]:62692")
+    argv = ["/repo/rljax/cli.py", "train", "run.yaml", "--num-processes", "2", "--process-id", "1"]
+    assert lost_process_line(gloo, argv=argv) is None  # one process: nothing was lost
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    assert lost_process_line(gloo, argv=argv) == (
+        "rljax: process 1 of 2 lost contact with process 0 (UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/"
+        "transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:62692): it stopped or died, so the run "
+        "cannot go on; restart every process (each with its own --process-id) with --resume: rljax train run.yaml "
+        "--num-processes 2 --process-id 1 --resume")
+    # wrapped by the caller: still found; a reward's own network error is not a lost process
+    try:
+        try:
+            raise gloo
+        except jax.errors.JaxRuntimeError as inner:
+            raise RuntimeError("step failed") from inner
+    except RuntimeError as outer:
+        assert lost_process_line(outer, argv=argv).startswith("rljax: process 1 of 2 lost contact with process 0")
+    assert lost_process_line(ConnectionRefusedError("Connection refused"), argv=argv) is None

@@ -20,6 +20,7 @@ import numpy as np
 
 from rljax.batches import PairBatch, RecordBatch, TranscriptBatch, pad_sequences
 from rljax.data.preferences import strip_prefix, tokenize_response
+from rljax.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
               for t in _completions_of(row)]
         if any(len(c) > max_completion_length for c in cs):
             if completion_too_long == "error":
-                raise ValueError(f"{split} row {i}: a response is {max(map(len, cs))} tokens, over algorithm."
+                raise UserError(f"{split} row {i}: a response is {max(map(len, cs))} tokens, over algorithm."
                                  f"max_completion_length={max_completion_length} (raise it, or set algorithm."
                                  "completion_too_long to filter or truncate)")
             if completion_too_long == "filter":

@@ -137,6 +137,15 @@ def mean_update_metrics(metrics: dict) -> dict[str, float]:
     return summary
 
 
+@functools.partial(jax.jit, static_argnames=("algorithm", "cfg"))
+def step_advantages(batch: RolloutBatch, state: dict | None, *, algorithm: str, cfg):
+    """``(batch with advantages, state')`` of the algorithm (``OnlineAlgorithm.advantages_and_state``)
+    as one jitted program. Why jitted: the batch is split over every process of a multi-process run,
+    so each eager op of the estimator would be a cross-process program of its own; a run of them in
+    flight together once hung both processes of a two-process run for ever (gloo on CPU)."""
+    return get_algorithm(algorithm).advantages_and_state(batch, cfg, state)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
 def score_logprobs(graphdef, params, frozen, batch: RolloutBatch, *, temperature: float):
     """Log-probs ``[R, N]`` of the rollout's completion tokens under ``params``: no gradient."""
@@ -314,7 +323,7 @@ class OnlineTrainer:
         if value_head is not None:
             values_of = run.critic if value_head == "separate" else run.policy
             batch = batch.replace(old_values=score_values(*values_of.split, batch))
-        batch, state = self.algorithm.advantages_and_state(batch, self.advantage_cfg, self.algorithm_state)
+        batch, state = step_advantages(batch, self.algorithm_state, algorithm=a.name, cfg=self.advantage_cfg)
         jax.block_until_ready(batch)
         t_ref = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -442,8 +451,13 @@ def _restored_algorithm_state(metadata: dict, initial: dict) -> dict[str, float]
 def reward_kl(batch: RolloutBatch, *, estimator: str) -> float:
     """Mean over the counted tokens of the KL estimate ``k(π_old, π_ref)`` that enters the reward
     (PPO, RLOO, REINFORCE++; TRL ``RLOOTrainer``'s ``kl``)."""
+    return float(_reward_kl(batch, estimator=estimator))
+
+
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _reward_kl(batch: RolloutBatch, *, estimator: str):
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=estimator, mask=batch.loss_mask)
-    return float(masked_mean(kl, batch.loss_mask))
+    return masked_mean(kl, batch.loss_mask)
 
 
 def _logged_num_tokens(run_dir: str, step: int) -> int:
@@ -498,4 +512,4 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
 
 
 __all__ = ["OnlineTrainer", "mean_update_metrics", "reward_kl", "rollout_batch", "score_logprobs",
-           "score_values", "update_epochs", "update_trace_count"]
+           "score_values", "step_advantages", "update_epochs", "update_trace_count"]
