@@ -14,7 +14,7 @@ def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
     writer inside a step while its peers wait in the next collective for ever. ``timeout_s`` is a
     hang guard, not a time limit: past it every process gets SIGABRT, which under
     PYTHONFAULTHANDLER=1 (set here) prints each thread's Python stack into its log, and the
-    failure shows them. (The CI of 413ac00 hung 30 minutes in tests/test_mesh_train.py's two-process
+    failure shows them. (The CI of 413ac00 hung 30 minutes in tests/system/test_mesh_train.py's two-process
     run, with nothing to show why; six local reruns passed.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,15 +1,15 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
-host-memory settings (tests/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
+host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
 so they are off here (``rljax.cli.main`` and the scripts call ``keep_host_memory``, which reads this
-switch); tests/test_host_memory.py checks them in subprocesses.
+switch); tests/system/test_host_memory.py checks them in subprocesses.
 """
 import os
 
 os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
-# run, over a hundred runs here; tests/test_plots.py turns it back on where it is what is tested
+# run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
 
 import jax  # noqa: E402
