@@ -18,26 +18,74 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+import functools  # noqa: E402
 import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests import _tiny  # noqa: E402
+
+
+def _memory_mappings():
+    """The number of memory mappings of this process (lines of /proc/self/maps), or None off Linux."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _mapping_limit():
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+# Clear once a process holds this many mappings: half of Linux's limit, far above what one test
+# module adds (at most ~3,400 measured), so the next module cannot reach the limit.
+MAPPINGS_BEFORE_CLEARING = _mapping_limit() // 2
+
 
 @pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """After each test module, drop JAX's caches of compiled programs.
+def _release_compiled_programs(request):
+    """After a test module, drop JAX's caches of compiled programs once the process holds many mappings.
 
     Every XLA:CPU executable keeps its machine code in memory mappings of its own, and one process
     running the whole suite compiled enough of them to pass Linux's limit of 65,530 mappings per
-    process (``vm.max_map_count``): measured, 13,800 mappings after 3 minutes of the first test
-    files, and the suite then died with a segmentation fault inside XLA's compiler (an mmap that
-    failed) at the same test in two full runs, never in a shorter run. With this fixture the same
-    files stayed between 800 and 4,200 mappings. The cost: a module that runs the shapes of an
-    earlier one compiles them again.
+    process (``vm.max_map_count``): the suite then died with a segmentation fault inside XLA's
+    compiler (an mmap that failed). Clearing JAX's caches (and collecting) brings a process back to a
+    few thousand mappings. Below :data:`MAPPINGS_BEFORE_CLEARING` the caches are kept, so a module
+    that runs the shapes of an earlier module on the same worker does not compile them again; off
+    Linux (no /proc) they are cleared after every module. ``RLJAX_TEST_MAPPINGS_LOG=path`` appends
+    each module's count to ``path``.
     """
     yield
-    jax.clear_caches()
-    gc.collect()
+    count = _memory_mappings()
+    log = os.environ.get("RLJAX_TEST_MAPPINGS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {request.module.__name__} {count}\n")
+    if count is None or count > MAPPINGS_BEFORE_CLEARING:
+        jax.clear_caches()
+        gc.collect()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """One random tiny model directory (``tests._tiny.make_tiny_model_dir``) for every test of a worker.
+
+    Tests read it and never write into it; a test that needs another model (other sizes, a value
+    head, a changed file) makes its own.
+    """
+    return _tiny.make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_run_config(tiny_dir):
+    """``tiny_run_config(run_dir=None, **sections)``: ``tests._tiny.tiny_run_config`` on :func:`tiny_dir`."""
+    return functools.partial(_tiny.tiny_run_config, tiny_dir)
 
 
 @pytest.fixture(scope="session")

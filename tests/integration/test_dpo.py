@@ -18,7 +18,6 @@ from rljax.algorithms.dpo import DPOConfig
 from rljax.run_config import RunConfig
 from rljax.training import OfflineTrainer
 from rljax.training.offline import offline_update, score_batch
-from tests._tiny import make_tiny_model_dir
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pixel", "lemon", "violet"]
 
@@ -33,11 +32,6 @@ def toy_pairs(path, n=160, seed=0):
             f.write(json.dumps({"prompt": f"Say something about {rng.choice(WORDS)} {i}.",
                                 "chosen": text("abcdefghijklmnopqrstuvwxyz"), "rejected": text("0123456789")}) + "\n")
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from rljax.run_config import RunConfig
 from rljax.sampling import SamplingConfig
 from rljax.training import OnlineTrainer
 from rljax.training.online import rollout_batch
-from tests._tiny import make_tiny_model_dir, tiny_tokenizer
+from tests._tiny import tiny_tokenizer
 
 EOS = 2  # <|im_end|> of the tiny byte tokenizer
 
@@ -347,10 +347,9 @@ def test_a_template_that_renders_tools_gets_the_schemas_and_others_a_system_mess
 # ------------------------------------------------------------------ a tiny model
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
-    model, tok = load(path)[:2]
-    return path, model, tok
+def tiny(tiny_dir):
+    model, tok = load(tiny_dir)[:2]
+    return tiny_dir, model, tok
 
 
 def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens_get_no_gradient(tiny):

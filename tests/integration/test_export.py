@@ -19,16 +19,10 @@ from rljax.config import from_yaml  # noqa: E402
 from rljax.models.hf_io import load_hf_dir, model_from_params  # noqa: E402
 from rljax.run_config import RunConfig  # noqa: E402
 from rljax.training import OnlineTrainer  # noqa: E402
-from tests._tiny import make_tiny_model_dir  # noqa: E402
 
 # float32 parity with transformers, as tests/unit/test_models_hf.py (random weights, logits of order 1)
 ATOL = 1e-4
 ROWS = [[5, 40, 41, 17, 33, 60, 9], [12, 7, 99, 3]]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _cfg(tiny_dir, run_dir, *, steps, model=""):

@@ -20,13 +20,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rljax.config import from_yaml
 from rljax.models import load
 from rljax.rewards.base import per_sample, register_reward
-from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer
 from rljax.update import NonFiniteLossError, make_optimizer
-from tests._tiny import make_tiny_model_dir
+from tests._tiny import make_tiny_model_dir, tiny_run_config
 
 
 def _lower_frac(completion, example):
@@ -45,22 +43,10 @@ register_reward("numbers_inf_on_third", lambda: lambda completions, examples: np
     np.arange(len(completions)) == 2, np.inf, 0.5), overwrite=True)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def _cfg(tiny_dir, run_dir, *, rewards="{numbers_lower: 1.0}", steps=2):
-    # the shapes of tests/integration/test_train.py's runs, so that the suite compiles the sampler once for both
-    return from_yaml(RunConfig, f"""
-model: {{name: {tiny_dir}}}
-data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 8}}
-algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4, micro_batch_size: 8}}
-optim: {{learning_rate: 1.0e-2}}
-train: {{steps: {steps}, run_dir: {run_dir}, progress: false, samples_every: null}}
-rewards: {rewards}
-""")
+    # tests._tiny.TINY_RUN, the shapes of tests/integration/test_train.py's runs: a worker that runs both files
+    # compiles the sampler once (tests/conftest.py keeps compiled programs until a worker holds many)
+    return tiny_run_config(tiny_dir, run_dir, train={"steps": steps}, rewards=rewards)
 
 
 def _leaves(tree):

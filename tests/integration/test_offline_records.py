@@ -12,14 +12,8 @@ import pytest
 from rljax.config import from_yaml
 from rljax.run_config import RunConfig
 from rljax.training import OfflineTrainer
-from tests._tiny import make_tiny_model_dir
 
 LOWER, DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,12 @@ from rljax.models.hf_io import save_hf_dir
 from rljax.rewards import build_rewards
 from rljax.run_config import RunConfig
 from rljax.training import OfflineTrainer, build_run
-from tests._tiny import make_tiny_model_dir
 
 LOWER, DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
 
 
 def _text(rng, alphabet):
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(6, 10)))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -23,27 +23,16 @@ from rljax.run_config import RunConfig
 from rljax.training import trainer_for
 from rljax.training.run_dir import (LOCK_FILE, RunDirError, RunDirLock, check_fresh, clear_run, config_dict,
                                     config_differences, existing_run)
-from tests._tiny import make_tiny_model_dir
+from tests._tiny import tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def _cfg(tiny_dir, run_dir, *, steps=1, save_every="null", lr="1.0e-2", seed=0):
-    # the shapes and settings of tests/integration/test_train.py's runs, so one process compiles them once
-    return from_yaml(RunConfig, f"""
-model: {{name: {tiny_dir}}}
-data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 8}}
-algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4, micro_batch_size: 8}}
-optim: {{learning_rate: {lr}}}
-train: {{steps: {steps}, seed: {seed}, run_dir: {run_dir}, progress: false, save_every: {save_every}}}
-rewards: {{length: 1.0}}
-""")
+    # tests._tiny.TINY_RUN, the shapes of tests/integration/test_train.py's runs: a worker that runs both files
+    # compiles them once (tests/conftest.py keeps compiled programs until a worker holds many)
+    return tiny_run_config(tiny_dir, run_dir, optim=f"{{learning_rate: {lr}}}", rewards={"length": 1.0},
+                           train=f"{{steps: {steps}, seed: {seed}, save_every: {save_every}, samples_every: 5}}")
 
 
 def _with_train(cfg, **changes):

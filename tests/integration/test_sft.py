@@ -22,7 +22,7 @@ from rljax.losses import sft_loss
 from rljax.models import load
 from rljax.run_config import RunConfig
 from rljax.training import OfflineTrainer
-from tests._tiny import make_tiny_model_dir, tiny_tokenizer
+from tests._tiny import tiny_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
@@ -31,11 +31,6 @@ import make_calculator_sft  # noqa: E402
 MULTI_TURN = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
               {"role": "assistant", "content": "A1"}, {"role": "tool", "content": "T"},
               {"role": "assistant", "content": "A2"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def test_assistant_tokens_are_the_assistant_turns_on_a_tiny_template():

@@ -16,7 +16,7 @@ from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer as Trainer
 from rljax.training import trainer_for
 from rljax.update import NonFiniteLossError
-from tests._tiny import make_tiny_model_dir
+from tests._tiny import tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,21 +49,9 @@ def _bounded_stub():
 register_reward("bounded_stub", _bounded_stub, overwrite=True)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def _cfg(tiny_dir, run_dir, algo="grpo", extra="", steps=12, rewards="{lowercase: 1.0}"):
-    return from_yaml(RunConfig, f"""
-model: {{name: {tiny_dir}}}
-data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 8}}
-algorithm: {{name: {algo}, group_size: 4, prompts_per_step: 4, micro_batch_size: 8 {extra}}}
-optim: {{learning_rate: 1.0e-2}}
-train: {{steps: {steps}, run_dir: {run_dir}, progress: false, samples_every: 4}}
-rewards: {rewards}
-""")
+    return tiny_run_config(tiny_dir, run_dir, algorithm=f"{{name: {algo}{extra}}}",
+                           train={"steps": steps, "samples_every": 4}, rewards=rewards)
 
 
 def _metrics(run_dir):

@@ -12,16 +12,10 @@ from rljax.config import from_yaml
 from rljax.rewards.base import per_sample, register_reward
 from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer as Trainer
-from tests._tiny import make_tiny_model_dir
 
 # Binary and rare: most groups of 4 get all-zero rewards, which dynamic sampling must replace.
 register_reward("starts_with_a", lambda: per_sample(lambda c, ex: float(c[:1] in "abc" and len(c) > 0)),
                 overwrite=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _run(tiny_dir, run_dir, algorithm, model_extra="", steps=3):

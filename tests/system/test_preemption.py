@@ -22,7 +22,6 @@ from rljax.config import ConfigError, from_yaml, load_config
 from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer, Preempted
 from rljax.update import NonFiniteLossError
-from tests._tiny import make_tiny_model_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,11 +36,6 @@ optim: {{learning_rate: 1.0e-2}}
 train: {{steps: {steps}, run_dir: {run_dir}, progress: false, samples_every: 2, save_every: {save_every}}}
 rewards: {{chars: {{type: length, unit: chars, weight: 0.1}}}}
 """
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _cfg(tiny_dir, run_dir, *, steps=4, save_every="null", **train):

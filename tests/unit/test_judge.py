@@ -9,7 +9,6 @@ import pytest
 from rljax.models import load
 from rljax.rewards import build_reward, build_rewards, judge_metrics
 from rljax.rewards.judge import JudgeModel, judge_groups, parse_group_scores, pointwise_messages
-from tests._tiny import make_tiny_model_dir
 
 GOOD = '{"scores": [{"id": 1, "score": 0.8}, {"id": 2, "score": 0.1}]}'
 
@@ -84,11 +83,6 @@ def test_the_reward_groups_by_prompt_saves_replies_and_reports_counts():
     assert judge_metrics({"judge": fn})["reward/judge/judge_groups"] == 0.0  # read and reset
     with pytest.raises(ValueError, match="fallback must be in"):
         build_reward("judge", {"fallback": 2.0, "judge": judge})
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
