@@ -524,8 +524,8 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     """Compile ``cfg``'s programs for ``target_name`` from shapes alone; see the module docstring.
 
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
-    from rljax.algorithms import get as get_algorithm
     from rljax.sharding import replicated, use_mesh
+    from rljax.training.spec import run_spec
     from rljax.rollout import packing_group
     from rljax.update import optimizer_for
 
@@ -534,8 +534,8 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     mesh = _mesh(cfg, devices)
     rules = cfg.mesh.rule_table()
     config = model_config_for(cfg.model.name)
-    algo = get_algorithm(cfg.algorithm.name)
-    a = cfg.algorithm
+    spec = run_spec(cfg)
+    algo, a = spec.algorithm, cfg.algorithm
     lora = bool(cfg.model.lora_rank)
     memory = memory_bytes if memory_bytes is not None else (usable_memory(target) or _host_memory() // target.num_devices)
 
@@ -543,24 +543,24 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     with use_mesh(mesh, rules):
         if algo.online:
             value_head = algo.value_head(a)
-            graphdef, params, frozen = _abstract_split(config, cfg, value_head=value_head == "shared", lora=lora,
+            graphdef, params, frozen = _abstract_split(config, cfg, value_head=spec.value_head, lora=lora,
                                                        mesh=mesh, rules=rules)
-            total_updates = cfg.train.steps * a.num_iterations * a.mini_batches
+            total_updates = spec.total_updates
             optimizer = optimizer_for(cfg.optim, total_updates)
             opt_state = _opt_state(optimizer, params, mesh)
-            R, P, N = a.prompts_per_step * a.group_size, _prompt_width(cfg), cfg.sampling.max_new_tokens
+            R, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(R, mesh, "algorithm.prompts_per_step × group_size")
-            batch = _rollout_batch(algo, a, R, P, N, mesh, rules, reference=algo.needs_reference(a),
+            batch = _rollout_batch(algo, a, R, P, N, mesh, rules, reference=spec.needs_reference,
                                    values=value_head is not None,
                                    # single-turn groups share their prompt (rljax.training.online.rollout_batch)
                                    prompt_group=1 if cfg.environment.name else packing_group(R, a.group_size,
                                                                                              a.num_micro))
             critic = {}
-            if value_head == "separate":
-                critic_config = model_config_for(a.critic_model or cfg.model.name)
+            if spec.critic is not None:
+                critic_config = model_config_for(spec.critic)
                 cg, cp, cf = _abstract_split(critic_config, cfg, value_head=True, lora=False, mesh=mesh, rules=rules)
-                critic_opt = optimizer_for(cfg.optim if getattr(a, "critic_learning_rate", None) is None
-                                           else dataclasses.replace(cfg.optim, learning_rate=a.critic_learning_rate),
+                critic_opt = optimizer_for(cfg.optim if spec.critic_learning_rate is None
+                                           else dataclasses.replace(cfg.optim, learning_rate=spec.critic_learning_rate),
                                            total_updates)
                 critic = dict(critic_graphdef=cg, critic_params=cp, critic_frozen=cf,
                               critic_opt_state=_opt_state(critic_opt, cp, mesh), critic_optimizer=critic_opt)
@@ -568,7 +568,7 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
             # what the trainer holds all step: policy, optimizer state, a full fine-tune's reference copy
             # (rljax.training.run.build_run: keep_reference when the algorithm needs one), the critic
             resident = _chip_bytes((params, frozen, opt_state, critic_state)) + (
-                _chip_bytes(params) if algo.needs_reference(a) and not lora else 0)
+                _chip_bytes(params) if spec.keep_reference and not lora else 0)
             from rljax.training.online import score_logprobs, score_values, update_epochs
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
@@ -601,17 +601,16 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     state=split[1:]))
             programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
         else:
-            graphdef, params, frozen = _abstract_split(config, cfg, value_head=algo.value_head, lora=lora, mesh=mesh,
+            graphdef, params, frozen = _abstract_split(config, cfg, value_head=spec.value_head, lora=lora, mesh=mesh,
                                                        rules=rules)
-            optimizer = optimizer_for(cfg.optim, cfg.train.steps)
+            optimizer = optimizer_for(cfg.optim, spec.total_updates)
             opt_state = _opt_state(optimizer, params, mesh)
-            B, P, N = a.batch_size, _prompt_width(cfg), a.max_completion_length
+            B, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(B, mesh, "algorithm.batch_size")
-            batch, K = _offline_batch(algo, a, B, P, N, mesh, rules)
+            batch, K = _offline_batch(spec, a, B, P, N, mesh, rules)
             # a reference copy only for live reference log-probs of a full fine-tune (else cached once)
-            live_reference = algo.needs_reference(a) and not getattr(a, "precompute_ref_logprobs", True)
-            resident = _chip_bytes((params, frozen, opt_state)) + (_chip_bytes(params) if live_reference and not lora
-                                                                   else 0)
+            resident = _chip_bytes((params, frozen, opt_state)) + (_chip_bytes(params) if spec.keep_reference
+                                                                   and not lora else 0)
             from rljax.training.offline import offline_update, score_batch
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
@@ -621,9 +620,9 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                 offline_update, (graphdef, params, frozen, opt_state, batch),
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, num_micro=a.num_micro),
                 analytic_flops(config, P + N, B * K, passes=train_passes), state=(params, frozen, opt_state)))
-            if algo.needs_reference(a):
+            if spec.needs_reference:
                 E = a.eval_batch_size
-                eval_batch, _ = _offline_batch(algo, a, E, P, N, mesh, rules)
+                eval_batch, _ = _offline_batch(spec, a, E, P, N, mesh, rules)
                 programs.append(_compile(
                     "scoring", f"score_batch: reference log-probs of [{E} rows × {K} completions, {P}+{N} tokens]",
                     score_batch, (graphdef, params, frozen, eval_batch), dict(algorithm=a.name),
@@ -672,20 +671,16 @@ def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bo
     return jax.tree.map(lambda x: _spec(x.shape, x.dtype, rows), filled)
 
 
-def _offline_batch(algo, a, B, P, N, mesh, rules):
-    from rljax.batches import PairBatch, RecordBatch
+def _offline_batch(spec, a, B, P, N, mesh, rules):
+    """The update's batch as sharded shapes: the data kind's own abstract batch (``rljax.data.kinds``),
+    rows over the batch axes; returns it and its completions per row."""
+    from rljax.data.kinds import get_kind
     from rljax.sharding import batch_sharding
 
     rows = batch_sharding(mesh, rules)
-    i32, f32 = jnp.int32, jnp.float32
-    if algo.data_kind(a) == "records":
-        return RecordBatch(_spec((B, P), i32, rows), _spec((B, P), i32, rows), _spec((B, N), i32, rows),
-                           _spec((B, N), i32, rows), _spec((B,), i32, rows), _spec((B,), f32, rows)), 1
-    K = 2  # pairs (ranked lists: the longest list's length; planned as pairs)
-    return PairBatch(_spec((B, P), i32, rows), _spec((B, P), i32, rows), _spec((B, K, N), i32, rows),
-                     _spec((B, K, N), i32, rows), _spec((B, K), i32, rows), _spec((B,), i32, rows),
-                     margin=_spec((B,), f32, rows) if getattr(a, "margin_column", None) else None,
-                     ref_logps=_spec((B, K), f32, rows) if algo.needs_reference(a) else None), K
+    kind = get_kind(spec.batch_kind)
+    shapes = kind.abstract_batch(B, P, N, a, reference=spec.needs_reference)
+    return jax.tree.map(lambda x: _spec(x.shape, x.dtype, rows), shapes), kind.completions(a)
 
 
 def _sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules) -> ProgramReport:
@@ -788,6 +783,14 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB" if abs(n) >= GiB / 10 else f"{n / 2 ** 20:.2f} MiB"
 
 
+def count_text(n: int) -> str:
+    """A parameter count with the unit that keeps it readable: ``1.71 B``, ``135 M``, ``46.1 K``, ``12``."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(int(n))
+
+
 def _tflop(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e12:.3g} TFLOP"
 
@@ -798,8 +801,8 @@ def format_report(report: PlanReport) -> str:
     n = t.num_devices
     lines = [f"# rljax plan: {report.model} on {t.name} ({n} × {spec.name}"
              + (f", topology {t.topology}" if t.topology else "") + ")",
-             f"mesh {report.mesh_shape}; parameters {report.num_params / 1e9:.3f} B, trainable "
-             f"{report.trainable_params / 1e9:.4f} B",
+             f"mesh {report.mesh_shape}; parameters {count_text(report.num_params)}, trainable "
+             f"{count_text(report.trainable_params)}",
              f"chip: {_gib(report.memory_bytes)} memory, {spec.peak_flops / 1e12:.4g} TFLOP/s bf16 peak, "
              f"{spec.memory_bandwidth / 1e9:.4g} GB/s (source: {spec.source})"]
     if t.platform == "cuda":
