@@ -491,7 +491,7 @@ def _add_plan(sub) -> None:
         description="Ahead-of-time compile the run's update step, scoring pass and sampler for --target from "
         "shapes alone (the model's config.json; no weights), and print per chip the bytes of arguments, outputs "
         "and temporaries against the chip's memory, FLOPs (XLA's and analytic), the collectives, and a roofline "
-        "step time and MFU (rljax/plan.py). Exit status 1 when the run does not fit, with what to change. TPU "
+        "step time and MFU (rljax/tools/plan/). Exit status 1 when the run does not fit, with what to change. TPU "
         "targets need the tpu extra (pip install -e '.[tpu]'), GPU targets the cuda extra (pip install -e "
         "'.[cuda]'); neither needs the accelerator.",
     )
@@ -533,7 +533,7 @@ def _plan(args) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # libtpu: no TPU host here, no warnings
     from rljax.config import load_config
-    from rljax.plan import format_report, plan_run
+    from rljax.tools.plan import format_report, plan_run
     from rljax.run_config import RunConfig
 
     if args.memory_gib is not None and not args.memory_gib > 0:
