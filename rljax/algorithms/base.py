@@ -137,6 +137,8 @@ class OfflineAlgorithm:
       value_head_init: as :class:`OnlineAlgorithm`.
       prepare: ``(EncodedSet, cfg, split) -> (EncodedSet, counts)``: per-row constants computed
         once (record weights); ``None`` = nothing to prepare.
+      caches_reference: ``cfg -> bool``: the reference log-probs are computed once before training
+        (no reference copy kept); False = a live reference scores every batch.
     """
 
     name: str
@@ -150,6 +152,7 @@ class OfflineAlgorithm:
     value_head: bool = False
     prepare: Callable[..., Any] | None = None
     value_head_init: str = "normal"
+    caches_reference: Callable[[Any], bool] = lambda cfg: True
     online: bool = dataclasses.field(default=False, init=False)
 
 

@@ -74,7 +74,7 @@ def run_spec(cfg: RunConfig, *, train_rows: int | None = None) -> RunSpec:
                        needs_reference=needs_reference, keep_reference=needs_reference,
                        total_updates=cfg.train.steps * a.num_iterations * a.mini_batches, batch_kind="rollouts",
                        rows=a.prompts_per_step * a.group_size, completion_length=cfg.sampling.max_new_tokens)
-    live_reference = needs_reference and not getattr(a, "precompute_ref_logprobs", True)
+    live_reference = needs_reference and not algo.caches_reference(a)
     return RunSpec(algo, value_head=bool(algo.value_head), critic=None, critic_learning_rate=None,
                    needs_reference=needs_reference, keep_reference=live_reference,
                    total_updates=offline_updates(cfg, train_rows), batch_kind=algo.data_kind(a), rows=a.batch_size,
