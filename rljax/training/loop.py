@@ -42,7 +42,7 @@ import warnings
 from typing import Any
 
 from rljax.distributed import any_process, exit_if_lost_process, process_index
-from rljax.host_memory import keep_host_memory
+from rljax.host_memory import keep_host_memory_for_run
 from rljax.metrics_log import MetricsLogger
 from rljax.sharding import use_mesh
 from rljax.training.run_dir import config_dict
@@ -165,7 +165,7 @@ def mesh_of(run):
 
 
 def _fit(trainer) -> dict[str, Any]:
-    keep_host_memory()
+    keep_host_memory_for_run(trainer.run.cfg.is_online)  # the CLI has applied it already; a script may not
     run, train = trainer.run, trainer.run.cfg.train
     logger = MetricsLogger(train.run_dir, tensorboard=train.tensorboard, total_steps=trainer.total_steps,
                            progress=train.progress, keys_in_bar=trainer.log_keys)

@@ -15,7 +15,7 @@ from flax import nnx
 import rljax.logprobs as logprobs_module
 from rljax import rng
 from rljax.algorithms import get as get_algorithm
-from rljax.algorithms._policy_gradient import totals as rollout_totals
+from rljax.algorithms.policy_gradient import totals as rollout_totals
 from rljax.config import from_yaml
 from rljax.logprobs import completion_logprobs, packing_saves
 from rljax.run_config import RunConfig

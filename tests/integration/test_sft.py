@@ -15,7 +15,7 @@ import pytest
 from rljax.algorithms import get as get_algorithm
 from rljax.algorithms.sft import SFTConfig
 from rljax.config import from_yaml, load_config
-from rljax.data.encoded import collate
+from rljax.data.kinds import collate
 from rljax.data.transcripts import (InvalidRowError, assistant_pieces, encode_transcripts, load_transcripts,
                                     transcript_tokens)
 from rljax.losses import sft_loss

@@ -18,7 +18,7 @@ import pytest
 
 from rljax import rng
 from rljax.algorithms import get as get_algorithm
-from rljax.algorithms._policy_gradient import totals as rollout_totals
+from rljax.algorithms.policy_gradient import totals as rollout_totals
 from rljax.config import from_yaml
 from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer

@@ -52,3 +52,18 @@ def test_the_cli_applies_them_for_online_runs_only(tmp_path):
     assert _in_a_fresh_process(probe.format(argv=["eval", str(online), run_dir]), "1") == "True"
     assert _in_a_fresh_process(probe.format(argv=["train", str(offline), run_dir]), "1") == "None"
     assert _in_a_fresh_process(probe.format(argv=["convert", "/nonexistent/a", "/nonexistent/b"]), "1") == "None"
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings exist only for glibc's malloc")
+def test_one_rule_for_runs_online_keeps_offline_does_not_and_the_fit_loop_follows_it():
+    """``keep_host_memory_for_run`` is the one owner: the CLI and ``rljax.training.loop.fit`` (a script
+    that trains without the CLI) both call it, so an offline run started either way leaves malloc alone."""
+    call = "import rljax.host_memory as h; print(h.keep_host_memory_for_run({online}), h.applied())"
+    assert _in_a_fresh_process(call.format(online=True), "1") == "True True"
+    assert _in_a_fresh_process(call.format(online=False), "1") == "False None"
+    import inspect
+
+    from rljax.training import loop
+
+    source = inspect.getsource(loop._fit)
+    assert "keep_host_memory_for_run(trainer.run.cfg.is_online)" in source and "keep_host_memory()" not in source

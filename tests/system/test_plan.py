@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import pytest
 
 from rljax.cli import main
-from rljax.plan import cuda_plugin_installed
+from rljax.tools.plan import cuda_plugin_installed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -138,7 +138,7 @@ def test_plan_errors_name_the_setting(plan_config, capsys):
 
 
 def test_gpu_targets_nodes_of_eight_and_the_allocators_share_of_memory(monkeypatch):
-    from rljax.plan import get_target, usable_memory
+    from rljax.tools.plan import get_target, usable_memory
 
     h100 = get_target("h100-16")
     assert (h100.platform, h100.num_devices, h100.topology) == ("cuda", 16, "1x2x8")  # 2 nodes × 8 GPUs
@@ -159,7 +159,7 @@ def test_gpu_targets_nodes_of_eight_and_the_allocators_share_of_memory(monkeypat
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "accel", "*.yaml"))))
 def test_accelerator_configs_parse_and_their_models_need_only_config_json(path):
     from rljax.config import load_config
-    from rljax.plan import model_config_for
+    from rljax.tools.plan import model_config_for
     from rljax.run_config import RunConfig
 
     cfg = load_config(RunConfig, path)
@@ -215,7 +215,7 @@ def test_plan_smallest_real_config_fits(tmp_path):
 def test_llama3_config_with_several_eos_ids_stays_hashable():
     # the model's graph (holding its config) is a static argument of every jitted step
     from rljax.models.config import ModelConfig
-    from rljax.plan import model_config_for
+    from rljax.tools.plan import model_config_for
 
     config = model_config_for(os.path.join(REPO, "configs", "models", "llama-3.1-8b-instruct"))
     assert config.eos_token_id == (128001, 128008, 128009) and config.eos_token_ids == (128001, 128008, 128009)
@@ -225,7 +225,7 @@ def test_llama3_config_with_several_eos_ids_stays_hashable():
 
 
 def test_count_collectives_counts_async_pairs_once():
-    from rljax.plan import count_collectives
+    from rljax.tools.plan import count_collectives
 
     hlo = """
   %all-gather-start.1 = (f32[4], f32[16]) all-gather-start(f32[4] %p), dimensions={0}
@@ -239,7 +239,7 @@ def test_count_collectives_counts_async_pairs_once():
 
 def test_analytic_flops_by_hand():
     from rljax.models.config import ModelConfig
-    from rljax.plan import analytic_flops
+    from rljax.tools.plan import analytic_flops
 
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=1,
                     head_dim=16)
@@ -256,7 +256,7 @@ def test_a_matmul_xla_cannot_tile_without_a_gpu_is_compiled_with_cublas_and_said
     """XLA's GPU compiler, autotuning with no GPU, can fail to tile a Triton matmul ("Couldn't find output
     tile sizes", seen on online_vs_offline --full for h100-1); the plan compiles that program again with
     Triton matmuls off and says so. Any other compile error is not caught."""
-    from rljax import plan
+    from rljax.tools.plan import programs as plan
 
     real = jax.jit(lambda x: x @ x.T)
     x = jax.ShapeDtypeStruct((4, 3), jnp.float32)

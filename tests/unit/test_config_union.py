@@ -406,3 +406,45 @@ def test_a_key_that_moved_out_of_the_algorithm_section_names_its_new_place():
         from_yaml(RunConfig, "algorithm: {name: dpo, save_model: true}\n")
     assert err.value.key == "algorithm.save_model"
     assert err.value.reason.endswith("'save_model' moved to 'train.save_model'")
+
+
+def test_an_open_union_reads_its_members_at_load_and_resolves_other_tags():
+    from rljax.config import OpenUnion
+
+    registry = {"grpo": GRPOSection}
+    resolved = []
+
+    @dataclass(frozen=True)
+    class LaterSection:
+        name: Literal["later"] = "later"
+        depth: int = 1
+
+    class Open(OpenUnion):
+        @classmethod
+        def members(cls):
+            return dict(registry)
+
+        @classmethod
+        def resolve(cls, tag):
+            resolved.append(tag)
+            if tag == "outside:THING":
+                registry[tag] = dataclasses.make_dataclass(
+                    "Outside", [("name", Literal["outside:THING"], field(default="outside:THING")),
+                                ("width", int, field(default=2))], frozen=True)
+                return registry[tag]
+            return None
+
+    @dataclass(frozen=True)
+    class Root:
+        algorithm: Open = GRPOSection()  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match=r"algorithm\.name: unknown tag 'later' \(allowed: grpo\)"):
+        from_yaml(Root, "algorithm: {name: later}")
+    registry["later"] = LaterSection  # registered after the schema was defined: seen at the next load
+    assert from_yaml(Root, "algorithm: {name: later, depth: 3}").algorithm == LaterSection(depth=3)
+    cfg = from_yaml(Root, "algorithm: {name: 'outside:THING', width: 5}")
+    assert type(cfg.algorithm).__name__ == "Outside" and cfg.algorithm.width == 5
+    assert from_yaml(Root, to_yaml(cfg)) == cfg
+    with pytest.raises(ConfigError, match=r"algorithm\.depth: unknown key for Outside .*'depth' is a setting of later"):
+        from_yaml(Root, "algorithm: {name: 'outside:THING', depth: 5}")
+    assert resolved == ["later", "outside:THING"]

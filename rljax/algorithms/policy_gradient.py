@@ -1,10 +1,19 @@
-"""What the online algorithms (GRPO, PPO, RLOO, REINFORCE++, REINFORCE) share: their common settings, the
-rollout batch's totals and the clipped policy loss wired to the model.
+"""What the online algorithms (GRPO, PPO, RLOO, REINFORCE++, REINFORCE) share, and what an online
+algorithm written outside rljax builds on: the common settings, the rollout batch's totals and the
+clipped policy loss wired to the model.
 
 Wiring only: the maths is ``rljax.losses.policy`` and ``rljax.advantages``. Each online algorithm
-module (``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``, ``reinforce``) subclasses :class:`OnlineSettings` (and
-:class:`ClipSettings` when it trains with the clipped surrogate) for its config section and
-exports an :class:`rljax.algorithms.base.OnlineAlgorithm`.
+subclasses :class:`OnlineSettings` (and :class:`ClipSettings` when it trains with the clipped
+surrogate) for its config section and exports an :class:`rljax.algorithms.base.OnlineAlgorithm`::
+
+    from rljax.algorithms import policy_gradient as pg
+
+    def loss(model, batch, cfg, *, temperature, num_rows, num_tokens, max_length):
+        out = pg.policy_logprobs(model, batch, cfg, temperature=temperature)
+        return pg.clipped_loss(out, batch, cfg, num_rows=num_rows, num_tokens=num_tokens,
+                               max_length=max_length, kl_in_loss=True, kl_estimator="k3")
+
+These signatures are the public contract: an algorithm written against them keeps working.
 """
 
 from __future__ import annotations
@@ -85,6 +94,11 @@ class ClipSettings(OnlineSettings):
         check_range(self, "dual_clip", low=1, low_open=True, note="(null = off)")
 
 
+def reward_kl_estimator(cfg) -> str:
+    """The KL estimator of an algorithm whose section has ``kl_estimator`` (every built-in online one)."""
+    return cfg.kl_estimator
+
+
 def totals(batch: RolloutBatch, cfg: OnlineSettings | None = None) -> dict:
     """Global denominators of a mini-batch (before it is split into micro-batches); ``num_rows`` is
     the rows with a loss token, or every row under ``cfg.sequence_count == "all"``."""
@@ -147,3 +161,7 @@ def sequence_kl_scores(batch: RolloutBatch, cfg, *, estimator: str) -> jax.Array
     token_rewards = adv.kl_shaped_rewards(scores, batch.old_logprobs, batch.ref_logprobs, mask,
                                           kl_coef=cfg.kl_coef, estimator=estimator)
     return (token_rewards * mask).sum(axis=-1)
+
+
+__all__ = ["ClipSettings", "KLEstimator", "OnlineSettings", "Reduction", "clipped_loss", "kl_token_rewards",
+           "policy_logprobs", "reward_kl_estimator", "sequence_kl_scores", "totals"]

@@ -1,0 +1,1 @@
+"""Command tools: what the ``rljax`` commands run on top of the library (``rljax plan``)."""
