@@ -229,7 +229,7 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     from rljax.config import from_yaml
     from rljax.data.preferences import write_jsonl
     from rljax.models.tiny import make_tiny_model_dir
-    from rljax.reporting import write_json
+    from rljax.tools.reporting import write_json
     from rljax.run_config import RunConfig
     from rljax.training import OfflineTrainer
     from rljax.training.export import export_model

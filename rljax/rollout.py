@@ -11,7 +11,7 @@ left-pads them (``encode_prompts``), repeats each prompt ``repeats`` times, samp
 KV-cache sampler (``rljax.sampling.generate``), decodes the completions (the assistant prefix, which
 the prompt already ends with, is put back in front: rewards score the whole response) and scores
 them with a ``RewardSet``. The result, :class:`Rollout`, is host-side numpy: the trainers turn its
-arrays into batches, the pair builder (``rljax.pairs``) and the command line read its texts.
+arrays into batches, the pair builder (``rljax.tools.pairs``) and the command line read its texts.
 
 The turn boundary: one call is one assistant turn for every row (prompt tokens in, completion
 tokens, their sampler log-probs and a stop flag out). A multi-turn episode is a

@@ -1,0 +1,1 @@
+"""Command-line tools: cli, plan, sweep, compare, pairs, plots, reporting."""
