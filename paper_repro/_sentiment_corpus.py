@@ -303,7 +303,8 @@ def _describe_reference(model_dir: Path, settings: PretrainSettings, *, prompts:
     from rljax.data.batching import pad_token_id
     from rljax.models import load
     from rljax.rewards import RewardSet, make_sentiment_reward, sentiment_scores
-    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, stop_token_ids
     from rljax.sampling import SamplingConfig
 
     model, tok = load(str(model_dir))

@@ -215,7 +215,8 @@ class Sampler:
                  batch_rows: int):
         from rljax.data.batching import pad_token_id
         from rljax.rewards import RewardSet, make_sentiment_reward
-        from rljax.rollout import PromptFormat, encode_prompts, stop_token_ids
+        from rljax.data.prompts import PromptFormat, encode_prompts
+        from rljax.rollout import stop_token_ids
         from rljax.sampling import SamplingConfig
 
         self.tokenizer, self.repeats, self.batch_rows = tokenizer, repeats, batch_rows

@@ -89,7 +89,8 @@ def _generate(args) -> int:
     import jax
     from rljax.data.batching import pad_token_id
     from rljax.models import dtype_from_name, load
-    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, stop_token_ids
     from rljax.sampling import SamplingConfig
 
     if args.step is not None and not args.checkpoint:

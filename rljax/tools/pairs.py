@@ -51,7 +51,8 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     from rljax import rng
     from rljax.models import dtype_from_name, load
     from rljax.rewards.base import build_rewards
-    from rljax.rollout import PromptFormat, rollout, sampling_config
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, sampling_config
 
     examples = _examples(cfg, split)
     model, tokenizer = load(cfg.model.name, dtype=dtype_from_name(cfg.model.dtype))

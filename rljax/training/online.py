@@ -49,7 +49,8 @@ from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
-from rljax.rollout import PromptFormat, Rollout, concat_rollouts, packing_group, rollout, sampling_config
+from rljax.data.prompts import PromptFormat
+from rljax.rollout import Rollout, concat_rollouts, packing_group, rollout, sampling_config
 from rljax.run_config import RunConfig
 from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
 from rljax.training import loop
