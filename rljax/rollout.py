@@ -30,9 +30,10 @@ import numpy as np
 
 from rljax.data.batching import pad_token_id
 from rljax.data.prompts import PromptFormat, encode_prompts
+from rljax.distributed import gather_rows, local_rows, place_batch, to_host
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
-from rljax.sharding import batch_shards, gather_rows, local_rows, place_batch, to_host
+from rljax.sharding import batch_shards
 
 __all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "packing_group", "render_prompt", "rollout",
            "sampling_config", "stop_token_ids"]
