@@ -60,6 +60,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rljax.errors import UserError
+
 __all__ = ["Checkpointer", "CheckpointReadError", "abstract_like", "fingerprint_tree", "is_finite_tree"]
 
 logger = logging.getLogger(__name__)
@@ -69,8 +71,10 @@ _METADATA = "metadata"
 _FINGERPRINTS = "state_fingerprints"
 
 
-class CheckpointReadError(RuntimeError):
-    """No checkpoint could be read: every step tried is named with the reason it failed."""
+class CheckpointReadError(UserError, RuntimeError):
+    """No checkpoint could be read: every step tried is named with the reason it failed. A
+    :class:`rljax.errors.UserError` (the checkpoint is input the user named: ``rljax`` prints the
+    message as its error line)."""
 
 
 def is_finite_tree(tree: Any) -> bool:
@@ -216,6 +220,12 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self._directory, options=options, item_names=(_STATE, _METADATA)
         )
+        # orbax deletes leftover temporary directories in a background thread; wait for it here, so no
+        # orbax thread outlives an early error: one still running when the process ends prints a
+        # "cannot schedule new futures after shutdown" traceback after the command's error line
+        await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+        if await_cleanup is not None:
+            await_cleanup()
 
     @property
     def directory(self) -> Path:

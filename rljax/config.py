@@ -54,6 +54,10 @@ Writing a schema:
   written in the layers are applied on top (settings of the old member are dropped, shared ones
   are not carried over). The result holds an instance of the member class
   (``isinstance(cfg.algorithm, PPOConfig)``); :func:`union_members` lists the tags.
+* A tagged union whose members are known only when a config is loaded (members registered later,
+  or code outside the package named by its tag) is a subclass of :class:`OpenUnion` used as the
+  field's type: ``members()`` is called at every load, and ``resolve(tag)`` gives the member of a
+  tag that is not among them (e.g. ``"path/to/file.py:ALGORITHM"``), or ``None``.
 
 Every user mistake -- an unknown key, a value of the wrong type, a value outside a ``Literal``, a
 missing mandatory (``???``) value, a failed ``validate()`` -- raises :class:`ConfigError` naming the
@@ -93,6 +97,7 @@ __all__ = [
     "save_config",
     "validate_config",
     "union_members",
+    "OpenUnion",
     "FieldError",
     "check_range",
 ]
@@ -225,6 +230,27 @@ def validate_config(cfg: Any) -> None:
     (``dataclasses.replace``). Raises :class:`ConfigError` naming the dotted key.
     """
     _validate_tree(cfg, "")
+
+
+class OpenUnion:
+    """The type of a tagged union field whose members are looked up when a config is loaded.
+
+    Subclass it and give ``members() -> {tag: member}`` (the members known now) and, optionally,
+    ``resolve(tag) -> member | None`` for a tag outside them; a resolved member must be listed by
+    ``members()`` from then on (so a saved config loads again and validation accepts it).
+    """
+
+    @classmethod
+    def members(cls) -> dict[str, type]:
+        raise NotImplementedError
+
+    @classmethod
+    def resolve(cls, tag: str) -> type | None:
+        return None
+
+
+def _is_open_union(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, OpenUnion) and tp is not OpenUnion
 
 
 def union_members(tp: Any) -> dict[str, type]:
@@ -394,6 +420,8 @@ def _check_frozen_schema(cls: type, _seen: set[type] | None = None) -> None:
 def _dataclasses_in(tp: Any) -> list[type]:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return [tp]
+    if _is_open_union(tp):
+        return list(tp.members().values())
     return [d for arg in typing.get_args(tp) for d in _dataclasses_in(arg)]
 
 
@@ -540,7 +568,10 @@ def _is_dataclass_union(tp: Any) -> bool:
 
 
 def _tagged_union(tp: Any) -> dict[str, type] | None:
-    """``{tag: member}`` if ``tp`` is a Union of two or more dataclasses, else ``None``."""
+    """``{tag: member}`` if ``tp`` is a Union of two or more dataclasses (or an :class:`OpenUnion`),
+    else ``None``."""
+    if _is_open_union(tp):
+        return _tagged_union_of(tuple(tp.members().values()))
     args = _union_args(tp)
     if args is None or len(args) < 2:
         return None
@@ -651,7 +682,7 @@ def _choose(
         ]
         members = _tagged_union(tp)
         if members is not None:
-            member = _choose_member(members, value, sub_layers, key)
+            member = _choose_member(members, value, sub_layers, key, tp.resolve if _is_open_union(tp) else None)
             # Same member as the base: keep the base's values; another: restart from its defaults.
             sub_base = value if type(value) is member else None
             out.append((field.name, member, _choose(member, sub_base, sub_layers, key)))
@@ -667,7 +698,8 @@ def _choose(
 
 
 def _choose_member(
-    members: Mapping[str, type], base: Any, layers: Sequence[tuple[Any, str | None]], key: str
+    members: Mapping[str, type], base: Any, layers: Sequence[tuple[Any, str | None]], key: str,
+    resolve: Any = None,
 ) -> type:
     tags = list(members)
     written = None  # (tag, source) of the last layer that names the member
@@ -694,6 +726,10 @@ def _choose_member(
     tag, source = written
     if isinstance(tag, str) and tag in members:
         return members[tag]
+    if resolve is not None and isinstance(tag, str):
+        member = resolve(tag)
+        if member is not None:
+            return member
     close = difflib.get_close_matches(str(tag), tags, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ConfigError(

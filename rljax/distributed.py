@@ -20,6 +20,8 @@ jax starts: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the enviro
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +32,16 @@ from jax.sharding import Mesh
 from rljax.errors import UserError
 from rljax.sharding import MeshAxes, Rules, active_mesh, active_rules, batch_shards, batch_sharding, put, replicated
 
-__all__ = ["any_process", "cluster_detected", "gather_rows", "initialize", "is_main_process", "local_rows",
-           "place_batch", "to_host"]
+__all__ = ["LOST_PROCESS_EXIT_CODE", "any_process", "cluster_detected", "exit_if_lost_process", "gather_rows",
+           "initialize", "is_main_process", "local_rows", "lost_process_line", "place_batch", "process_index", "to_host"]
+
+LOST_PROCESS_EXIT_CODE = 75
+"""Exit status of a process whose peer died (``EX_TEMPFAIL``: restart the job with ``--resume``)."""
+
+# how a collective reports a peer that is gone: gloo on CPU ("Connection closed by peer", "Read
+# timeout"), the coordination service (heartbeats), gRPC ("Socket closed"), NCCL's remote errors
+_LOST_PEER = ("connection closed by peer", "connection reset by peer", "heartbeat", "socket closed",
+              "connection refused", "read timeout", "remote process exited", "unhealthy")
 
 
 def cluster_detected(environ=None) -> bool:
@@ -100,6 +110,58 @@ def any_process(*flags: bool) -> tuple[bool, ...]:
 
     gathered = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
     return tuple(bool(v) for v in gathered.reshape(-1, len(flags)).any(axis=0))
+
+
+def process_index() -> int:
+    """This process's index (0 in a one-process run)."""
+    return jax.process_index()
+
+
+def lost_process_line(err: BaseException, *, argv: list[str] | None = None) -> str | None:
+    """The one line that says a multi-process run lost a process, which, and how to resume; None when
+    ``err`` is not that (or the run has one process)."""
+    n = jax.process_count()
+    runtime = [e for e in _chain(err) if isinstance(e, jax.errors.JaxRuntimeError)]  # not a reward's own error
+    text = str(runtime[0]) if runtime else ""
+    if n < 2 or not any(marker in text.lower() for marker in _LOST_PEER):
+        return None
+    me = jax.process_index()
+    who = f"process {1 - me}" if n == 2 else "another process"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return (f"rljax: process {me} of {n} lost contact with {who} ({first[:200]}): it stopped or died, so the run "
+            f"cannot go on; restart every process (each with its own --process-id) with --resume: "
+            f"{_resume_command(sys.argv if argv is None else argv)}")
+
+
+def exit_if_lost_process(err: BaseException) -> None:
+    """Where ``err`` is a lost process (:func:`lost_process_line`): print the line and exit at once with
+    :data:`LOST_PROCESS_EXIT_CODE`. ``os._exit``: a normal exit waits for the runtime's shutdown
+    barrier, which the dead process never reaches, and then aborts with a page of C++ stack."""
+    line = lost_process_line(err)
+    if line is None:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(2, (line + "\n").encode())
+    finally:
+        os._exit(LOST_PROCESS_EXIT_CODE)
+
+
+def _chain(err: BaseException | None):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def _resume_command(argv: list[str]) -> str:
+    args = list(argv[1:])
+    if "--resume" not in args:
+        args.append("--resume")
+    program = "rljax" if os.path.basename(argv[0]) in ("rljax", "cli.py", "__main__.py", "-m") else argv[0]
+    return shlex.join([program, *args])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ returned to the operating system, so the resident size stays at its peak.
 
 Where: importing rljax changes nothing; the settings are process-wide, so the process's entry point
 applies them. ``rljax.tools.cli.main`` calls :func:`keep_host_memory` for ``train``, ``eval`` and
-``generate`` before any JAX work, and so do the long-running scripts in ``experiments/perf/`` and
+``generate`` before any JAX work (``train`` and ``eval`` by :func:`keep_host_memory_for_run`:
+online runs only), and so do the long-running scripts in ``experiments/perf/`` and
 ``paper_repro/``; a script of your own calls it first thing. Call it before JAX starts its thread
 pool: threads that already have an arena keep it. ``RLJAX_KEEP_HOST_MEMORY=0`` turns it off (the
 call then does nothing); it also does nothing where the C library is not glibc (macOS, musl) and on
@@ -45,6 +46,18 @@ _applied: bool | None = None
 def applied() -> bool | None:
     """Whether the settings are in effect in this process: None until :func:`keep_host_memory` runs."""
     return _applied
+
+
+def keep_host_memory_for_run(online: bool) -> bool:
+    """The one rule for training and evaluation runs: :func:`keep_host_memory` for online runs only;
+    returns whether the settings are in effect.
+
+    Online steps run the same few programs on the same shapes, and keeping freed memory saved their
+    page faults. Offline steps pad each batch to its own width bucket, and with the heap never
+    trimmed nor mmap-served the process grew step after step (SFT on SmolLM2 swapped where it
+    otherwise stayed within a few GB), so an offline run leaves malloc as it is.
+    """
+    return keep_host_memory() if online else bool(_applied)
 
 
 def keep_host_memory() -> bool:

@@ -6,24 +6,35 @@ Every field is documented here and in the algorithm's module; ``rljax train --he
 
 ``algorithm`` is a tagged union: ``algorithm.name`` picks one algorithm's section
 (``rljax.algorithms``: ``grpo``, ``ppo``, ``rloo``, ``reinforce_pp``, ``reinforce`` online; ``dpo``,
-``reward_model``, ``records``, ``sft`` offline), and that section holds only the settings that algorithm
-uses, so a setting that would do nothing is refused at start with its key named. Every run shares
+``reward_model``, ``records``, ``sft`` offline, or an algorithm outside rljax named
+``"path/to/file.py:ALGORITHM"`` / ``"package.module:ALGORITHM"``), and that section holds only the
+settings that algorithm uses, so a setting that would do nothing is refused at start with its key named.
+The union's members are looked up each time a config is loaded (:class:`AlgorithmSection`). Every run shares
 ``model``, ``data``, ``optim`` and ``train``; online runs also ``sampling`` and ``rewards``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any, Literal, Optional
 
-from rljax.algorithms import ALGORITHMS
+from rljax import algorithms
 from rljax.algorithms.grpo import GRPOConfig
-from rljax.config import FieldError, check_range, load_config  # noqa: F401  (load_config re-exported for callers)
+from rljax.config import FieldError, OpenUnion, check_range, load_config  # noqa: F401  (load_config re-exported)
+from rljax.plugins import is_spec
 
-# the `algorithm:` section: one of the algorithms' config sections, picked by `name`
-AlgorithmConfig = typing.Union[tuple(a.config for a in ALGORITHMS.values())]  # type: ignore[valid-type]
-OFFLINE_ALGORITHMS = tuple(name for name, a in ALGORITHMS.items() if not a.online)
+
+class AlgorithmSection(OpenUnion):
+    """The ``algorithm:`` section: one algorithm's config section, picked by ``name`` among the
+    algorithms known when the config is loaded, or loaded from the ``source:ALGORITHM`` it names."""
+
+    @classmethod
+    def members(cls) -> dict[str, type]:
+        return algorithms.sections()
+
+    @classmethod
+    def resolve(cls, tag: str) -> type | None:
+        return algorithms.section_class(tag) if is_spec(tag) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +189,15 @@ class TrainSection:
     save_model: bool = True
     # at the end (and on a stop signal), write RUN_DIR/curves.png: rljax.tools.plots.plot_runs
     plot: bool = True
+    # a step (or evaluation, or save) that makes no progress for this many seconds is a hang: every
+    # thread's Python stack goes to RUN_DIR/hang_stacks.process<i>.txt and the process exits with
+    # status 75 so a scheduler restarts it (rljax.training.watchdog); well above the slowest step
+    # (the first one compiles). null = never
+    hang_timeout_s: Optional[float] = 1800.0
+    # after SIGTERM / SIGINT / SIGHUP the run stops at the next step boundary with a checkpoint; if that
+    # boundary (and the save) does not come within this many seconds, the process writes its stacks
+    # and exits without one (a hung collective never reaches it). null = wait for the boundary
+    stop_timeout_s: Optional[float] = 60.0
 
     def validate(self) -> None:
         check_range(self, "steps", low=1)
@@ -185,6 +205,8 @@ class TrainSection:
         check_range(self, "samples_every", low=0, note="(null or 0 = never)")
         check_range(self, "save_every", low=0, note="(null or 0 = only at the end and on a stop)")
         check_range(self, "save_every_minutes", low=0, low_open=True, note="(null = off)")
+        check_range(self, "hang_timeout_s", low=0, low_open=True, note="(null = never)")
+        check_range(self, "stop_timeout_s", low=0, low_open=True, note="(null = wait for the step boundary)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +281,7 @@ class RunConfig:
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
     sampling: SamplingSection = SamplingSection()
-    algorithm: AlgorithmConfig = GRPOConfig()  # type: ignore[valid-type]
+    algorithm: AlgorithmSection = GRPOConfig()  # type: ignore[assignment]
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
     mesh: MeshSection = MeshSection()
@@ -271,12 +293,12 @@ class RunConfig:
 
     @property
     def is_online(self) -> bool:
-        return ALGORITHMS[self.algorithm.name].online
+        return algorithms.get(self.algorithm.name).online
 
     @property
     def value_head_init(self) -> str:
         """How a fresh value head starts: ``model.value_head_init``, or the algorithm's default."""
-        return self.model.value_head_init or ALGORITHMS[self.algorithm.name].value_head_init
+        return self.model.value_head_init or algorithms.get(self.algorithm.name).value_head_init
 
     def validate(self) -> None:
         if self.optim.master_dtype is not None and self.optim.master_dtype == self.model.storage_dtype:

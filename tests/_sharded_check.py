@@ -1,6 +1,6 @@
 """Sharded vs unsharded forward pass and sampler on 8 simulated CPU devices; prints one JSON line.
 
-Run by tests/test_sharding.py in a subprocess, because the device count is fixed when jax is first
+Run by tests/system/test_sharding.py in a subprocess, because the device count is fixed when jax is first
 imported: XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python tests/_sharded_check.py
 """
 

@@ -1,7 +1,7 @@
 """One GRPO update (two micro-batches, float64) on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU
 devices vs one device.
 
-Run by tests/test_sharded_train.py in a subprocess (the device count is fixed when jax is imported):
+Run by tests/system/test_sharded_train.py in a subprocess (the device count is fixed when jax is imported):
 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python tests/_sharded_train_check.py
 Prints one JSON line.
 """

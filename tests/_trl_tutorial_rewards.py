@@ -1,4 +1,4 @@
-"""TRL-style reward functions for tests/test_python_rewards.py, in the shape of the two rewards of
+"""TRL-style reward functions for tests/integration/test_python_rewards.py, in the shape of the two rewards of
 TRL's GRPO tutorial: a format reward over ``<think>…</think><answer>…</answer>`` and an accuracy
 reward that parses LaTeX with math-verify against a ``solution`` column.
 

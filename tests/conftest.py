@@ -1,15 +1,15 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
-host-memory settings (tests/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
+host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
 so they are off here (``rljax.tools.cli.main`` and the scripts call ``keep_host_memory``, which reads this
-switch); tests/test_host_memory.py checks them in subprocesses.
+switch); tests/system/test_host_memory.py checks them in subprocesses.
 """
 import os
 
 os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
-# run, over a hundred runs here; tests/test_plots.py turns it back on where it is what is tested
+# run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
 
 import jax  # noqa: E402
@@ -18,26 +18,75 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+import functools  # noqa: E402
 import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests import _tiny  # noqa: E402
+
+
+def _memory_mappings():
+    """The number of memory mappings of this process (lines of /proc/self/maps), or None off Linux."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _mapping_limit():
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+# Clear once a process holds this many mappings: half of Linux's limit, far above what one test
+# module adds (a fresh worker held 2,870 after tests/integration/test_numbers.py and 2,729 after
+# test_run_dir.py, from 504 with jax and rljax imported), so the next module cannot reach the limit.
+MAPPINGS_BEFORE_CLEARING = _mapping_limit() // 2
+
 
 @pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """After each test module, drop JAX's caches of compiled programs.
+def _release_compiled_programs(request):
+    """After a test module, drop JAX's caches of compiled programs once the process holds many mappings.
 
     Every XLA:CPU executable keeps its machine code in memory mappings of its own, and one process
     running the whole suite compiled enough of them to pass Linux's limit of 65,530 mappings per
-    process (``vm.max_map_count``): measured, 13,800 mappings after 3 minutes of the first test
-    files, and the suite then died with a segmentation fault inside XLA's compiler (an mmap that
-    failed) at the same test in two full runs, never in a shorter run. With this fixture the same
-    files stayed between 800 and 4,200 mappings. The cost: a module that runs the shapes of an
-    earlier one compiles them again.
+    process (``vm.max_map_count``): the suite then died with a segmentation fault inside XLA's
+    compiler (an mmap that failed). Clearing JAX's caches (and collecting) brings a process back to a
+    few thousand mappings. Below :data:`MAPPINGS_BEFORE_CLEARING` the caches are kept, so a module
+    that runs the shapes of an earlier module on the same worker does not compile them again; off
+    Linux (no /proc) they are cleared after every module. ``RLJAX_TEST_MAPPINGS_LOG=path`` appends
+    each module's count to ``path``.
     """
     yield
-    jax.clear_caches()
-    gc.collect()
+    count = _memory_mappings()
+    log = os.environ.get("RLJAX_TEST_MAPPINGS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {request.module.__name__} {count}\n")
+    if count is None or count > MAPPINGS_BEFORE_CLEARING:
+        jax.clear_caches()
+        gc.collect()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """One random tiny model directory (``tests._tiny.make_tiny_model_dir``) for every test of a worker.
+
+    Tests read it and never write into it; a test that needs another model (other sizes, a value
+    head, a changed file) makes its own.
+    """
+    return _tiny.make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_run_config(tiny_dir):
+    """``tiny_run_config(run_dir=None, **sections)``: ``tests._tiny.tiny_run_config`` on :func:`tiny_dir`."""
+    return functools.partial(_tiny.tiny_run_config, tiny_dir)
 
 
 @pytest.fixture(scope="session")

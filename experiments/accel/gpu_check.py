@@ -20,7 +20,7 @@ results file is rewritten after every part, so a timeout still leaves what finis
 2. Speed, random weights of ``configs/models/qwen2.5-1.5b-instruct`` (and a 0.5B shape if time is
    left), bfloat16 parameters with a float32 master copy (``optim.master_dtype``): the update step
    (``rljax.training.online.update_epochs``) and the scoring pass (``score_logprobs``) on the shapes of
-   :data:`SPEED_OVERRIDES`, MFU = analytic FLOPs (``rljax.plan.analytic_flops``: 6·N·tokens + attention
+   :data:`SPEED_OVERRIDES`, MFU = analytic FLOPs (``rljax.tools.plan.analytic_flops``: 6·N·tokens + attention
    for the update, 2·N·tokens + attention for scoring; remat's recompute not counted) / median step
    time / the chip's dense bfloat16 peak (H100 SXM and H200: 989 TFLOP/s); generation tokens/s of
    ``rljax.sampling.generate`` at 64 and 256 concurrent sequences against transformers ``generate``
@@ -65,7 +65,7 @@ GEN_ROWS, GEN_PROMPT, GEN_NEW = (64, 256), 128, 256
 def plan_api():
     """The planner's public entry points, as ``rljax plan`` (rljax/tools/cli.py) imports them: the one
     place to change if the planner moves."""
-    from rljax.plan import format_report, plan_run
+    from rljax.tools.plan import format_report, plan_run
 
     return plan_run, format_report
 
@@ -326,7 +326,7 @@ class SpeedRun:
 
         plan_run, _ = plan_api()
         del plan_run  # imported for its module: model_config_for lives beside it
-        from rljax.plan import model_config_for
+        from rljax.tools.plan import model_config_for
 
         self.cfg, self.jax = cfg, jax
         self.config = model_config_for(cfg.model.name)
@@ -435,7 +435,7 @@ def part_speed(label: str, model_name: str, smoke: bool, results: dict, peak: fl
                repeats: int) -> str:
     import jax
 
-    from rljax.plan import analytic_flops
+    from rljax.tools.plan import analytic_flops
 
     cfg = speed_config(model_name, smoke)
     run = SpeedRun(cfg)
@@ -489,7 +489,7 @@ def part_generation(model_name: str, smoke: bool, skip_transformers: bool, repea
 
     from rljax.models import dtype_from_name
     from rljax.models.transformer import init_model
-    from rljax.plan import model_config_for
+    from rljax.tools.plan import model_config_for
     from rljax.sampling import SamplingConfig, generate
 
     config = model_config_for(model_name)

@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rljax.algorithms import _policy_gradient as pg  # noqa: E402
+from rljax.algorithms import policy_gradient as pg  # noqa: E402
 from rljax.algorithms import grpo  # noqa: E402
 from rljax.batches import RolloutBatch  # noqa: E402
 from rljax.models import load  # noqa: E402

@@ -13,18 +13,24 @@ An online step (``rljax.training.online``)::
       -> old values                 if value_head(cfg) is "shared" (policy's head) or "separate" (critic)
       -> advantages(batch, cfg)     fills batch.advantages (and batch.returns); an algorithm with
                                     initial_state: advantages(batch, cfg, state) -> (batch, state')
-      -> num_iterations × mini_batches updates of loss(model, batch, cfg, temperature=, **totals(batch))
-         (+ critic_loss on the critic's own parameters when value_head(cfg) == "separate")
+      -> num_iterations × mini_batches updates of loss(model, batch, cfg, temperature=, **totals(batch, cfg))
+         (+ critic_loss on the critic's own parameters when value_head(cfg) == "separate",
+            with critic(cfg): its model and learning rate)
+      -> kl/mean logged with reward_kl_estimator(cfg) when the KL is in the reward
 
 An offline step (``rljax.training.offline``)::
 
-    rows of kind data_kind(cfg) ("pairs", "ranked" or "records") -> prepare(set, cfg) -> batches
+    rows of kind data_kind(cfg) (a kind registered in ``rljax.data.kinds``: "pairs", "ranked",
+    "records", "transcripts") -> prepare(set, cfg) -> batches
       -> reference log-probs cached once  if needs_reference(cfg)
       -> one update of loss(model, batch, cfg, **totals(batch, cfg))
     evaluation: score(...) of every held-out completion (no gradient), then evaluate(scores, ...)
 
 Adding an algorithm: one module with its config section and ``ALGORITHM``, one line in
-``rljax/algorithms/__init__.py``, a config in ``configs/`` and its tests. No trainer changes.
+``rljax/algorithms/__init__.py``, a config in ``configs/`` and its tests. No trainer changes. An
+algorithm kept outside rljax is named from YAML instead (``algorithm: {name: "path/to/file.py:ALGORITHM",
+...}`` or ``"package.module:ALGORITHM"``): ``rljax.algorithms.get`` loads it; the online helpers it
+builds on are ``rljax.algorithms.policy_gradient``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Literal, Optional
 
+from rljax.algorithms.policy_gradient import totals as pg_totals
+
 ValueHead = Optional[Literal["shared", "separate"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSettings:
+    """A separate critic's model and learning rate (``value_head(cfg) == "separate"``).
+
+    Attributes:
+      model: registered name / ``.gguf`` / Hugging Face directory; None = ``model.name``.
+      learning_rate: its AdamW rate; None = ``optim.learning_rate``.
+    """
+
+    model: Optional[str] = None
+    learning_rate: Optional[float] = None
+
+
+def _no_critic(cfg) -> CriticSettings:
+    return CriticSettings()
+
+
+def _no_reward_kl(cfg) -> None:
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +83,13 @@ class OnlineAlgorithm:
         (a moving-average baseline, ``rljax.algorithms.reinforce``); its ``advantages`` then takes
         the state and returns ``(batch, state')``. The trainer keeps the state of the last completed
         step and saves it with every checkpoint, so a resume continues bitwise.
+      totals: ``(RolloutBatch, cfg) -> dict`` of a mini-batch's global denominators (``num_rows``,
+        ``num_tokens``, ``max_length``), the keywords ``loss`` and ``critic_loss`` take; default
+        ``rljax.algorithms.policy_gradient.totals``.
+      critic: ``cfg -> CriticSettings``: the separate critic's model and learning rate (read only
+        when ``value_head(cfg) == "separate"``).
+      reward_kl_estimator: ``cfg -> "k1" | "k2" | "k3" | None``: the KL estimator the reward
+        used, logged as ``kl/mean`` when the loss logs no KL itself; None = not logged.
     """
 
     name: str
@@ -65,6 +101,9 @@ class OnlineAlgorithm:
     critic_loss: Callable[..., Any] | None = None
     value_head_init: str = "normal"
     initial_state: Callable[[Any], dict] | None = None
+    totals: Callable[..., dict] = pg_totals
+    critic: Callable[[Any], CriticSettings] = _no_critic
+    reward_kl_estimator: Callable[[Any], Optional[str]] = _no_reward_kl
     online: bool = dataclasses.field(default=True, init=False)
 
     def start_state(self, cfg) -> dict | None:
@@ -85,7 +124,8 @@ class OfflineAlgorithm:
 
     Attributes:
       name, config: as :class:`OnlineAlgorithm`.
-      data_kind: ``cfg -> "pairs" | "ranked" | "records"``: the rows it reads.
+      data_kind: ``cfg -> str``: the rows it reads, a kind registered in ``rljax.data.kinds``
+        (``"pairs"``, ``"ranked"``, ``"records"``, ``"transcripts"``).
       loss: ``(model, batch, cfg, **totals) -> (loss, metrics)`` of one micro-batch.
       totals: ``(batch, cfg) -> dict`` of the whole batch's denominators.
       score: ``(model, batch) -> (scores [B, K], lengths [B, K])``, no gradient: summed log-probs
@@ -97,6 +137,8 @@ class OfflineAlgorithm:
       value_head_init: as :class:`OnlineAlgorithm`.
       prepare: ``(EncodedSet, cfg, split) -> (EncodedSet, counts)``: per-row constants computed
         once (record weights); ``None`` = nothing to prepare.
+      caches_reference: ``cfg -> bool``: the reference log-probs are computed once before training
+        (no reference copy kept); False = a live reference scores every batch.
     """
 
     name: str
@@ -110,7 +152,8 @@ class OfflineAlgorithm:
     value_head: bool = False
     prepare: Callable[..., Any] | None = None
     value_head_init: str = "normal"
+    caches_reference: Callable[[Any], bool] = lambda cfg: True
     online: bool = dataclasses.field(default=False, init=False)
 
 
-__all__ = ["OfflineAlgorithm", "OnlineAlgorithm", "ValueHead"]
+__all__ = ["CriticSettings", "OfflineAlgorithm", "OnlineAlgorithm", "ValueHead"]

@@ -108,4 +108,5 @@ def evaluate(scores, lengths, data, cfg: DPOConfig) -> dict:
 
 
 ALGORITHM = OfflineAlgorithm(name="dpo", config=DPOConfig, data_kind=lambda cfg: "pairs", loss=loss, totals=totals,
-                             score=_offline.sequence_logps, evaluate=evaluate, needs_reference=needs_reference)
+                             score=_offline.sequence_logps, evaluate=evaluate, needs_reference=needs_reference,
+                             caches_reference=lambda cfg: cfg.precompute_ref_logprobs)

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Literal
 
 from rljax import advantages as adv
-from rljax.algorithms import _policy_gradient as pg
+from rljax.algorithms import policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.config import FieldError, check_range
 from rljax.batches import RolloutBatch
@@ -65,4 +65,6 @@ def loss(model, batch: RolloutBatch, cfg: GRPOConfig, *, temperature, num_rows, 
 
 
 ALGORITHM = OnlineAlgorithm(name="grpo", config=GRPOConfig, advantages=advantages, loss=loss,
-                            needs_reference=lambda cfg: cfg.kl_coef > 0)
+                            needs_reference=lambda cfg: cfg.kl_coef > 0,
+                            # kl_placement: loss logs its own kl/mean; reward: the estimate in the scores
+                            reward_kl_estimator=pg.reward_kl_estimator)

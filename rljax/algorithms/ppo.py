@@ -19,8 +19,8 @@ import dataclasses
 from typing import Literal, Optional
 
 from rljax import advantages as adv
-from rljax.algorithms import _policy_gradient as pg
-from rljax.algorithms.base import OnlineAlgorithm
+from rljax.algorithms import policy_gradient as pg
+from rljax.algorithms.base import CriticSettings, OnlineAlgorithm
 from rljax.batches import RolloutBatch
 from rljax.config import check_range
 from rljax.logprobs import completion_values
@@ -93,9 +93,14 @@ def critic_loss(model, batch: RolloutBatch, cfg: PPOConfig, *, num_rows, num_tok
     return cfg.vf_coef * v_loss, metrics
 
 
+def critic(cfg: PPOConfig) -> CriticSettings:
+    """The separate critic's model and learning rate (``critic: separate``)."""
+    return CriticSettings(model=cfg.critic_model, learning_rate=cfg.critic_learning_rate)
+
+
 ALGORITHM = OnlineAlgorithm(name="ppo", config=PPOConfig, advantages=advantages, loss=loss,
                             needs_reference=lambda cfg: cfg.kl_coef > 0, value_head=lambda cfg: cfg.critic,
-                            critic_loss=critic_loss,
+                            critic_loss=critic_loss, critic=critic, reward_kl_estimator=pg.reward_kl_estimator,
                             # a fresh head starts at zero: in short PPO runs (shared head and separate
                             # critic, 3 seeds) it fitted the returns as well or slightly better than a
                             # normal(0.02) start (experiments/results/ppo_value_head_init.md)

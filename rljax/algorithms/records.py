@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.algorithms import _offline
-from rljax.algorithms._policy_gradient import Reduction
+from rljax.algorithms.policy_gradient import Reduction
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import RecordBatch
 from rljax.config import check_range

@@ -20,7 +20,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from rljax import advantages as adv
-from rljax.algorithms import _policy_gradient as pg
+from rljax.algorithms import policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
 from rljax.config import check_range
@@ -69,4 +69,5 @@ def loss(model, batch: RolloutBatch, cfg: ReinforceConfig, *, temperature, num_r
 
 
 ALGORITHM = OnlineAlgorithm(name="reinforce", config=ReinforceConfig, advantages=advantages, loss=loss,
-                            needs_reference=lambda cfg: cfg.kl_coef > 0, initial_state=initial_state)
+                            needs_reference=lambda cfg: cfg.kl_coef > 0, initial_state=initial_state,
+                            reward_kl_estimator=pg.reward_kl_estimator)

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Literal
 
 from rljax import advantages as adv
-from rljax.algorithms import _policy_gradient as pg
+from rljax.algorithms import policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
 from rljax.config import check_range
@@ -49,4 +49,5 @@ def loss(model, batch: RolloutBatch, cfg: ReinforcePPConfig, *, temperature, num
 
 
 ALGORITHM = OnlineAlgorithm(name="reinforce_pp", config=ReinforcePPConfig, advantages=advantages, loss=loss,
-                            needs_reference=lambda cfg: cfg.kl_coef > 0)
+                            needs_reference=lambda cfg: cfg.kl_coef > 0,
+                            reward_kl_estimator=pg.reward_kl_estimator)

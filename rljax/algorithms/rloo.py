@@ -17,7 +17,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from rljax import advantages as adv
-from rljax.algorithms import _policy_gradient as pg
+from rljax.algorithms import policy_gradient as pg
 from rljax.algorithms.base import OnlineAlgorithm
 from rljax.batches import RolloutBatch
 from rljax.config import FieldError
@@ -76,4 +76,5 @@ def loss(model, batch: RolloutBatch, cfg: RLOOConfig, *, temperature, num_rows, 
 
 
 ALGORITHM = OnlineAlgorithm(name="rloo", config=RLOOConfig, advantages=advantages, loss=loss,
-                            needs_reference=lambda cfg: cfg.kl_coef > 0)
+                            needs_reference=lambda cfg: cfg.kl_coef > 0,
+                            reward_kl_estimator=pg.reward_kl_estimator)

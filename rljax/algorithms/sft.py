@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.algorithms import _offline
-from rljax.algorithms._policy_gradient import Reduction
+from rljax.algorithms.policy_gradient import Reduction
 from rljax.algorithms.base import OfflineAlgorithm
 from rljax.batches import TranscriptBatch
 from rljax.logprobs import completion_logprobs

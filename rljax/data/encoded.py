@@ -1,7 +1,7 @@
 """Offline data as tokens: a split tokenised once (``EncodedSet``) and its batches (``collate``).
 
     data, dropped = encode_rows(rows, tokenizer, fmt=..., max_prompt_length=..., ...)
-    batch = collate(data, indices, kind="pairs", pad_id=..., prompt_buckets=..., completion_buckets=...)
+    batch = rljax.data.kinds.collate(data, indices, kind="pairs", pad_id=..., prompt_buckets=..., ...)
 
 A row is a preference pair (``chosen``, ``rejected``), a ranked list (``responses``, best first) or
 a scored record (``response``, ``score``), each with ``prompt`` and ``key`` (the prompt's identity).
@@ -20,6 +20,7 @@ import numpy as np
 
 from rljax.batches import PairBatch, RecordBatch, TranscriptBatch, pad_sequences
 from rljax.data.preferences import strip_prefix, tokenize_response
+from rljax.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
               for t in _completions_of(row)]
         if any(len(c) > max_completion_length for c in cs):
             if completion_too_long == "error":
-                raise ValueError(f"{split} row {i}: a response is {max(map(len, cs))} tokens, over algorithm."
+                raise UserError(f"{split} row {i}: a response is {max(map(len, cs))} tokens, over algorithm."
                                  f"max_completion_length={max_completion_length} (raise it, or set algorithm."
                                  "completion_too_long to filter or truncate)")
             if completion_too_long == "filter":
@@ -112,39 +113,51 @@ def encode_rows(rows: list[dict], tokenizer, *, render: Callable[[Any], str], as
     return EncodedSet(kept, prompts, completions, values), {k: v for k, v in dropped.items() if v}
 
 
-def collate(data: EncodedSet, indices, *, kind: str, num_completions: int, pad_id: int, prompt_buckets,
-            completion_buckets, rows: int | None = None) -> PairBatch | RecordBatch | TranscriptBatch:
-    """The batch of ``data``'s rows ``indices`` (padded with empty rows, ``row_mask`` 0, to ``rows``).
-
-    ``kind`` ``"pairs"`` / ``"ranked"`` give a ``PairBatch`` with ``K = num_completions``;
-    ``"records"`` a ``RecordBatch`` (its ``weight`` from ``data.values``); ``"transcripts"`` a
-    ``TranscriptBatch`` (its ``loss_mask`` from ``data.loss_masks``).
-    """
-    indices = [int(i) for i in indices]
-    rows = len(indices) if rows is None else rows
+def _prompts_and_width(data: EncodedSet, indices: list[int], rows: int, *, pad_id: int, prompt_buckets,
+                       completion_buckets):
     prompt_ids, prompt_mask = pad_sequences([data.prompts[i] for i in indices], side="left", pad_id=pad_id,
                                             buckets=prompt_buckets, num_rows=rows)
     longest = max(len(c) for i in indices for c in data.completions[i])
     width = next((b for b in completion_buckets if b >= longest), longest)
     row_mask = np.zeros((rows,), np.int32)
     row_mask[:len(indices)] = 1
+    return prompt_ids, prompt_mask, width, row_mask
 
-    def values(name):
-        v = data.values[name]
-        out = np.zeros((rows, *v.shape[1:]), v.dtype)
-        out[:len(indices)] = v[indices]
-        return out
 
-    if kind == "records":
-        ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
-                                  width=width, num_rows=rows)
-        return RecordBatch(prompt_ids, prompt_mask, ids, mask, row_mask, values("weight"))
-    if kind == "transcripts":
-        ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
-                                  width=width, num_rows=rows)
-        loss_mask, _ = pad_sequences([data.loss_masks[i][0] for i in indices], side="right", pad_id=0,
-                                     width=width, num_rows=rows)
-        return TranscriptBatch(prompt_ids, prompt_mask, ids, mask, loss_mask, row_mask)
+def _values(data: EncodedSet, name: str, indices: list[int], rows: int) -> np.ndarray:
+    v = data.values[name]
+    out = np.zeros((rows, *v.shape[1:]), v.dtype)
+    out[:len(indices)] = v[indices]
+    return out
+
+
+def collate_records(data: EncodedSet, indices: list[int], *, rows: int, pad_id: int, prompt_buckets,
+                    completion_buckets, **_) -> RecordBatch:
+    """A ``RecordBatch`` of ``data``'s rows ``indices`` (its ``weight`` from ``data.values``)."""
+    prompt_ids, prompt_mask, width, row_mask = _prompts_and_width(
+        data, indices, rows, pad_id=pad_id, prompt_buckets=prompt_buckets, completion_buckets=completion_buckets)
+    ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
+                              width=width, num_rows=rows)
+    return RecordBatch(prompt_ids, prompt_mask, ids, mask, row_mask, _values(data, "weight", indices, rows))
+
+
+def collate_transcripts(data: EncodedSet, indices: list[int], *, rows: int, pad_id: int, prompt_buckets,
+                        completion_buckets, **_) -> TranscriptBatch:
+    """A ``TranscriptBatch`` of ``data``'s rows ``indices`` (its ``loss_mask`` from ``data.loss_masks``)."""
+    prompt_ids, prompt_mask, width, row_mask = _prompts_and_width(
+        data, indices, rows, pad_id=pad_id, prompt_buckets=prompt_buckets, completion_buckets=completion_buckets)
+    ids, mask = pad_sequences([data.completions[i][0] for i in indices], side="right", pad_id=pad_id,
+                              width=width, num_rows=rows)
+    loss_mask, _ = pad_sequences([data.loss_masks[i][0] for i in indices], side="right", pad_id=0,
+                                 width=width, num_rows=rows)
+    return TranscriptBatch(prompt_ids, prompt_mask, ids, mask, loss_mask, row_mask)
+
+
+def collate_pairs(data: EncodedSet, indices: list[int], *, rows: int, pad_id: int, prompt_buckets,
+                  completion_buckets, num_completions: int) -> PairBatch:
+    """A ``PairBatch`` of ``data``'s rows ``indices`` with ``K = num_completions`` (pairs and ranked lists)."""
+    prompt_ids, prompt_mask, width, row_mask = _prompts_and_width(
+        data, indices, rows, pad_id=pad_id, prompt_buckets=prompt_buckets, completion_buckets=completion_buckets)
     K = num_completions
     flat = [data.completions[i][k] if k < len(data.completions[i]) else [] for i in indices for k in range(K)]
     ids, mask = pad_sequences(flat, side="right", pad_id=pad_id, width=width, num_rows=rows * K)
@@ -152,8 +165,8 @@ def collate(data: EncodedSet, indices, *, kind: str, num_completions: int, pad_i
     for b, i in enumerate(indices):
         valid[b, :len(data.completions[i])] = 1
     return PairBatch(prompt_ids, prompt_mask, ids.reshape(rows, K, width), mask.reshape(rows, K, width), valid,
-                     row_mask, margin=values("margin") if "margin" in data.values else None,
-                     ref_logps=values("ref_logps") if "ref_logps" in data.values else None)
+                     row_mask, margin=_values(data, "margin", indices, rows) if "margin" in data.values else None,
+                     ref_logps=_values(data, "ref_logps", indices, rows) if "ref_logps" in data.values else None)
 
 
-__all__ = ["EncodedSet", "collate", "encode_rows"]
+__all__ = ["EncodedSet", "collate_pairs", "collate_records", "collate_transcripts", "encode_rows"]

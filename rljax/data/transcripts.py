@@ -32,6 +32,7 @@ import numpy as np
 from rljax.data.encoded import EncodedSet
 from rljax.data.loading import read_rows
 from rljax.data.preferences import _DROP_HINT, InvalidRowError, _Bad, _check_policy, _handle, prompt_key
+from rljax.errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -232,7 +233,7 @@ def encode_transcripts(rows: list[dict], tokenizer, *, system_prompt: str = "", 
             continue
         if len(completion) > max_completion_length:
             if completion_too_long == "error":
-                raise ValueError(f"{split} row {i}: the transcript from the first assistant reply on is "
+                raise UserError(f"{split} row {i}: the transcript from the first assistant reply on is "
                                  f"{len(completion)} tokens, over algorithm.max_completion_length="
                                  f"{max_completion_length} (raise it, or set algorithm.completion_too_long "
                                  "to filter or truncate)")

@@ -35,7 +35,7 @@ Differences from other libraries (documented, deliberate):
   counts non-empty rows (identical when no row is empty).
 * To divide by every row as TRL does, a caller passes ``num_sequences=B``; the online algorithms
   do so with ``algorithm.sequence_count: all`` (default ``nonempty``;
-  ``rljax.algorithms._policy_gradient.totals``).
+  ``rljax.algorithms.policy_gradient.totals``).
 """
 
 from __future__ import annotations

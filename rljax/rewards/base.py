@@ -122,7 +122,7 @@ def call_reward(name: str, fn: RewardFn, completions: Sequence[str],
     infinite = np.flatnonzero(np.isinf(values))
     if infinite.size:  # NaN is "missing"; an infinite reward would reach the loss as NaN
         i = int(infinite[0])
-        raise ValueError(
+        raise UserError(
             f"reward function {name!r} returned {values[i]} for sample {i} of {len(completions)} "
             f"({infinite.size} infinite in all), completion {_start(completions[i])}; rewards must be "
             "finite (None or NaN marks a sample the function cannot score)"
@@ -151,7 +151,7 @@ class RewardSet:
     `per_function` holds the unweighted values. A weight of 0 still computes (and logs) the function.
     A function that scores no sample of a batch (all None/NaN) is reported by one `logging`
     warning, the first time only (its `reward/<name>/missing` metric is then 1). A total that is
-    not finite in float32 (the trainer's dtype) raises a `ValueError` naming the sample.
+    not finite in float32 (the trainer's dtype) raises a `UserError` naming the sample.
     """
 
     def __init__(self, spec: Mapping[str, tuple[float, RewardFn]]):
@@ -241,7 +241,7 @@ def _check_total(total: np.ndarray, per_function: Mapping[str, np.ndarray], weig
     if bad.size:
         i = int(bad[0])
         terms = ", ".join(f"{name}={values[i]:g} (weight {weights[name]:g})" for name, values in per_function.items())
-        raise ValueError(
+        raise UserError(
             f"the weighted reward total of sample {i} is {total[i]:g}, beyond float32 "
             f"({bad.size} such samples): {terms}; completion {_start(completions[i])}")
 

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rljax.errors import UserError
 from rljax.rewards.base import RewardFn, register_reward
 
 DEFAULT_RUBRIC = (
@@ -166,7 +167,8 @@ def yes_no_token_ids(tokenizer, yes: Sequence[str] = YES_WORDS,
 
     ids = single(yes), single(no)
     if not ids[0] or not ids[1]:
-        raise ValueError(f"the judge's tokenizer has no single-token spelling of {yes if not ids[0] else no}")
+        raise UserError(f"the judge's tokenizer has no single-token spelling of {yes if not ids[0] else no} "
+                        "(a pointwise judge reads the probability of one yes token against one no token)")
     if set(ids[0]) & set(ids[1]):
         raise ValueError("a token spells both yes and no")
     return ids
@@ -337,6 +339,8 @@ def make_judge_reward(*, mode: str = "group", model: str | None = None, base_mod
         raise ValueError(f"judge: fallback must be in [0, 1] or null (missing), got {fallback}")
     if judge is None:
         judge = _load_judge(model or base_model or DEFAULT_MODEL, dtype, batch_size, max_prompt_length)
+    if mode == "pointwise":  # at start, not at the first scoring: the tokenizer must spell yes and no in one token
+        yes_no_token_ids(judge.tokenizer, tuple(yes_words), tuple(no_words))
 
     def judge_reward(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
         if len(completions) != len(examples):

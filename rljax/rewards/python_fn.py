@@ -37,18 +37,14 @@ wrong length or a value that is not a number is a :class:`rljax.errors.UserError
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import numbers
-import os
-import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from rljax.errors import MissingFileError, UserError
+from rljax.errors import UserError
+from rljax.plugins import load_object
 from rljax.rewards.base import RewardFn, check_batch, register_reward
 
 # rljax's own per-row keys, not dataset columns (rljax.rollout and rljax.training.data add them).
@@ -65,66 +61,10 @@ def load_function(spec: str, *, where: str = "function") -> Callable[..., Any]:
     ``where`` starts every error message (e.g. ``"rewards.accuracy"``). Raises ``UserError`` (a
     ``MissingFileError`` for a missing file) naming ``spec`` and what is wrong.
     """
-    if not isinstance(spec, str) or ":" not in spec:
-        raise UserError(f"{where}: function must be 'module:name' or 'path/to/file.py:name', got {spec!r}")
-    source, _, attr = spec.rpartition(":")
-    if not source or not attr:
-        raise UserError(f"{where}: function must be 'module:name' or 'path/to/file.py:name', got {spec!r}")
-    if source.endswith(".py") or "/" in source or os.sep in source:
-        module = _module_from_file(source, where=where, spec=spec)
-    else:
-        module = _import_module(source, where=where, spec=spec)
-    fn = module
-    for part in attr.split("."):  # "module:Class.method" works too
-        try:
-            fn = getattr(fn, part)
-        except AttributeError:
-            names = sorted(n for n in vars(module) if not n.startswith("_"))
-            raise UserError(f"{where}: function {spec!r}: {source!r} has no attribute {attr!r}; it defines "
-                            f"{', '.join(names[:20]) or '(nothing public)'}") from None
+    fn = load_object(spec, where=where, what="function")
     if not callable(fn):
         raise UserError(f"{where}: function {spec!r} is a {type(fn).__name__}, not a callable")
     return fn
-
-
-def _import_module(name: str, *, where: str, spec: str):
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:  # `rljax train` (a console script) has the script's dir instead
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            raise UserError(f"{where}: function {spec!r}: no module named {exc.name!r} on the Python path "
-                            f"(the current directory {cwd} is on it; a file is given as 'path/to/file.py:name')"
-                            ) from None
-        raise UserError(f"{where}: function {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:  # the user's module raised at import: say so (RLJAX_TRACEBACK=1 shows where)
-        raise UserError(f"{where}: function {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _module_from_file(path: str, *, where: str, spec: str):
-    full = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(full):
-        raise MissingFileError(f"{where}: function {spec!r}: no such file: {path} (relative paths start at the "
-                               f"current directory, {os.getcwd()})")
-    # One module per file, under a name no import of the user's can clash with; registered in
-    # sys.modules before it runs, as an import would be (dataclasses and pickle look it up there).
-    stem = os.path.splitext(os.path.basename(full))[0]
-    name = f"rljax_user_reward_{stem}_{hashlib.sha1(full.encode()).hexdigest()[:10]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, full)
-    if module_spec is None or module_spec.loader is None:
-        raise UserError(f"{where}: function {spec!r}: {path} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise UserError(f"{where}: function {spec!r}: loading {path} failed: {type(exc).__name__}: {exc}") from exc
-    return module
 
 
 def is_conversational(prompt: Any) -> bool:

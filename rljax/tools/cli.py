@@ -306,7 +306,7 @@ def _train(args) -> int:
     from rljax.distributed import initialize
 
     cfg = load_config(RunConfig, args.config, args.overrides)
-    _keep_host_memory_if_online(cfg)
+    _keep_host_memory_for_run(cfg)
     initialize(args.coordinator_address, args.num_processes, args.process_id)  # before any JAX computation
     start = time.perf_counter()
     trainer = trainer_for(cfg, resume=args.resume, resume_step=args.resume_step,  # online or offline, as the
@@ -363,7 +363,7 @@ def _eval(args) -> int:
     cfg = load_config(RunConfig, args.config, overrides)
     if args.checkpoint and cfg.is_online:
         cfg = _run_sampling(cfg, args.checkpoint, args.overrides)
-    _keep_host_memory_if_online(cfg)
+    _keep_host_memory_for_run(cfg)
     extra = {} if cfg.is_online else {"evaluate_only": True}
     trainer = trainer_for(cfg, resume=bool(args.checkpoint), write_config=False, **extra)
     results = trainer.evaluate()
@@ -518,7 +518,7 @@ def _add_plan(sub) -> None:
         description="Ahead-of-time compile the run's update step, scoring pass and sampler for --target from "
         "shapes alone (the model's config.json; no weights), and print per chip the bytes of arguments, outputs "
         "and temporaries against the chip's memory, FLOPs (XLA's and analytic), the collectives, and a roofline "
-        "step time and MFU (rljax/plan.py). Exit status 1 when the run does not fit, with what to change. TPU "
+        "step time and MFU (rljax/tools/plan/). Exit status 1 when the run does not fit, with what to change. TPU "
         "targets need the tpu extra (pip install -e '.[tpu]'), GPU targets the cuda extra (pip install -e "
         "'.[cuda]'); neither needs the accelerator.",
     )
@@ -560,7 +560,7 @@ def _plan(args) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # libtpu: no TPU host here, no warnings
     from rljax.config import load_config
-    from rljax.plan import format_report, plan_run
+    from rljax.tools.plan import format_report, plan_run
     from rljax.run_config import RunConfig
 
     if args.memory_gib is not None and not args.memory_gib > 0:
@@ -601,22 +601,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
-_KEEP_HOST_MEMORY = ("generate", "export", "pairs")  # train and eval: _keep_host_memory_if_online
+_KEEP_HOST_MEMORY = ("generate", "export", "pairs")  # train and eval: _keep_host_memory_for_run
 
 
-def _keep_host_memory_if_online(cfg) -> None:
-    """``rljax.host_memory.keep_host_memory`` for online runs only, before any JAX work.
+def _keep_host_memory_for_run(cfg) -> None:
+    """``rljax.host_memory.keep_host_memory_for_run`` (its rule: online runs only), before any JAX work."""
+    from rljax.host_memory import keep_host_memory_for_run
 
-    Online steps run the same few programs on the same shapes, and keeping freed memory saved their
-    page faults (the main job 268 s -> 223 s). Offline steps pad each batch to its own width bucket,
-    and with the heap never trimmed nor mmap-served the process grew step after step: SFT of the
-    calculator transcripts on SmolLM2 reached 19 GB resident at step 30 (13 -> 57 s a step, the host
-    swapping page cache) where without the settings it stayed at 3.6-7.7 GB and 16 s a step.
-    """
-    if cfg.is_online:
-        from rljax.host_memory import keep_host_memory
-
-        keep_host_memory()
+    keep_host_memory_for_run(cfg.is_online)
 
 
 def main(argv: list[str] | None = None) -> int:

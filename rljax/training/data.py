@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from rljax.data.kinds import get_kind
 from rljax.data.loading import MissingColumnError, load_records
-from rljax.data.preferences import load_preference_pairs, load_ranked_lists, pairs_from_task, prompt_key, ranked_from_task
-from rljax.data.records import load_scored_records, records_from_task
+from rljax.data.preferences import prompt_key
 from rljax.data.tasks import make_task, question_split
 import rljax.environments  # noqa: F401 - registers its data tasks ("code", "sql") and their rewards
-from rljax.data.transcripts import load_transcripts, transcripts_from_task
 from rljax.environments.episodes import episode_examples
 from rljax.errors import MissingFileError, UserError
 from rljax.data.prompts import PromptFormat, render_prompt
@@ -223,36 +222,14 @@ def _check_few_shot_held_out(few_shot, evals: list[dict]) -> None:
 
 
 def offline_rows(cfg: RunConfig, kind: str) -> tuple[list[dict], list[dict], dict[str, int]]:
-    """Train and held-out rows of ``kind`` (``"pairs"``, ``"ranked"``, ``"records"``, ``"transcripts"``)
-    and counts."""
+    """Train and held-out rows of ``kind`` (a kind registered in ``rljax.data.kinds``: ``"pairs"``,
+    ``"ranked"``, ``"records"``, ``"transcripts"``) and counts."""
     d, a, seed = cfg.data, cfg.algorithm, cfg.train.seed
+    data_kind = get_kind(kind)
     if not d.path:
         train_ex, eval_ex = _task_splits(cfg)
-        if kind == "pairs":
-            return pairs_from_task(train_ex, seed=seed), pairs_from_task(eval_ex, seed=seed + 1), {}
-        if kind == "ranked":
-            return (ranked_from_task(train_ex, num_responses=a.task_responses, seed=seed),
-                    ranked_from_task(eval_ex, num_responses=a.task_responses, seed=seed + 1), {})
-        if kind == "transcripts":
-            return transcripts_from_task(train_ex), transcripts_from_task(eval_ex), {}
-        return (records_from_task(train_ex, responses_per_prompt=a.task_responses, seed=seed),
-                records_from_task(eval_ex, responses_per_prompt=a.task_responses, seed=seed + 1), {})
-
-    def read(source) -> tuple[list[dict], dict[str, Any]]:
-        if kind == "pairs":
-            return load_preference_pairs(source, prompt_column=d.prompt_column, chosen_column=a.chosen_column,
-                                         rejected_column=a.rejected_column, margin_column=a.margin_column,
-                                         invalid=a.invalid_rows)
-        if kind == "ranked":
-            return load_ranked_lists(source, prompt_column=d.prompt_column, ranked_column=a.ranked_column,
-                                     invalid=a.invalid_rows)
-        if kind == "transcripts":
-            return load_transcripts(source, messages_column=a.messages_column, prompt_column=d.prompt_column,
-                                    completion_column=a.completion_column, invalid=a.invalid_rows)
-        return load_scored_records(source, prompt_column=d.prompt_column, response_column=a.response_column,
-                                   score_column=a.score_column, invalid=a.invalid_rows)
-
-    return _split_path(cfg, read)
+        return data_kind.from_task(train_ex, a, seed=seed), data_kind.from_task(eval_ex, a, seed=seed + 1), {}
+    return _split_path(cfg, lambda source: data_kind.load(source, a, prompt_column=d.prompt_column))
 
 
 __all__ = ["ANSWER_READING_REWARDS", "answer_readers", "check_prompts", "offline_rows", "online_examples",

@@ -29,6 +29,7 @@ from rljax.models.hf_io import save_hf_dir
 from rljax.models.peft_io import save_peft_adapter
 from rljax.run_config import RunConfig
 from rljax.training.run import Run, build_run
+from rljax.training.spec import run_spec
 
 REWARD_MODEL_META = "rljax_reward_model.json"
 
@@ -83,16 +84,10 @@ def restore_run(run_dir: str, step: int | None = None) -> Run:
     if not os.path.isfile(path):
         raise MissingFileError(f"{run_dir} is not a run directory: it has no config.yaml")
     cfg = load_config(RunConfig, path, [f"train.run_dir={run_dir}"])  # the directory may have moved
-    algo, a = get_algorithm(cfg.algorithm.name), cfg.algorithm
-    if algo.online:
-        head = algo.value_head(a)
-        critic = (a.critic_model or cfg.model.name) if head == "separate" else None  # checkpoints hold it
-        value_head, updates = head == "shared", cfg.train.steps * a.num_iterations * a.mini_batches
-    else:
-        value_head, critic, updates = bool(algo.value_head), None, cfg.train.steps
+    spec = run_spec(cfg)  # the checkpoints hold the critic too; no reference copy is needed to read them
     try:
-        return build_run(cfg, value_head=value_head, total_updates=updates, critic=critic, resume=True,
-                         resume_step=step, write_config=False)
+        return build_run(cfg, **dict(spec.build_args(), keep_reference=False), resume=True, resume_step=step,
+                         write_config=False)
     except FileNotFoundError as err:  # no checkpoint at step N: a user's mistake, named in one line
         raise MissingFileError(str(err)) from None
 

@@ -21,7 +21,11 @@ logged, and ``NonFiniteLossError`` propagates; when earlier updates of that step
 (several updates a step), that state is not saved and the line names the last clean checkpoint. SIGTERM, SIGINT or SIGHUP
 (a preemption, Ctrl-C, a closed terminal or SSH session) stops the run at the next step boundary: the state is checkpointed (and committed), a line is logged and
 ``Preempted`` is raised (``rljax train`` exits with ``128 + signal``); a second SIGINT raises
-``KeyboardInterrupt`` at once. Saving never changes the state, so where saves happen does not
+``KeyboardInterrupt`` at once. A step, evaluation or save that makes no progress for
+``train.hang_timeout_s``, or a stop signal whose step boundary does not come within
+``train.stop_timeout_s``, ends the process with every thread's stack in the run directory
+(``rljax.training.watchdog``); another process of a multi-process run dying ends this one with one
+line naming it and the resume command (``rljax.distributed.exit_if_lost_process``). Saving never changes the state, so where saves happen does not
 change the run. The malloc tuning of ``rljax.host_memory`` is applied here (and by the CLI), never
 on import.
 """
@@ -37,11 +41,12 @@ import time
 import warnings
 from typing import Any
 
-from rljax.distributed import any_process
-from rljax.host_memory import keep_host_memory
+from rljax.distributed import any_process, exit_if_lost_process, process_index
+from rljax.host_memory import keep_host_memory_for_run
 from rljax.metrics_log import MetricsLogger
 from rljax.sharding import use_mesh
 from rljax.training.run_dir import config_dict
+from rljax.training.watchdog import Watchdog
 from rljax.update import NonFiniteLossError
 
 
@@ -160,7 +165,7 @@ def mesh_of(run):
 
 
 def _fit(trainer) -> dict[str, Any]:
-    keep_host_memory()
+    keep_host_memory_for_run(trainer.run.cfg.is_online)  # the CLI has applied it already; a script may not
     run, train = trainer.run, trainer.run.cfg.train
     logger = MetricsLogger(train.run_dir, tensorboard=train.tensorboard, total_steps=trainer.total_steps,
                            progress=train.progress, keys_in_bar=trainer.log_keys)
@@ -174,8 +179,14 @@ def _fit(trainer) -> dict[str, Any]:
     last_save = time.monotonic()
     signals = _StopSignals()
     signals.install()
+    # a hung step (a collective that never completes) or a stop signal the step boundary never
+    # answers ends the process with its stacks written (rljax.training.watchdog)
+    watchdog = Watchdog(train.run_dir, hang_timeout_s=train.hang_timeout_s, stop_timeout_s=train.stop_timeout_s,
+                        process_index=process_index())
+    watchdog.start()
     try:
         if not resumed:
+            watchdog.beat("the first evaluation")
             summary["before"] = trainer.evaluate()
             logger.log(0, {**summary["before"], **trainer.start_metrics()})
             trainer.on_evaluate(0)
@@ -190,6 +201,7 @@ def _fit(trainer) -> dict[str, Any]:
             _stop_if_signalled(trainer, logger, signals.received, stop=stop)
             # step_once advances the data iterator before it can fail: a stop saves the position before it
             position = trainer.iterator.state_dict()
+            watchdog.beat(f"step {run.step + 1}")
             try:
                 metrics = trainer.step_once()
             except NonFiniteLossError as err:
@@ -206,7 +218,9 @@ def _fit(trainer) -> dict[str, Any]:
                 raise
             evaluated = bool(train.eval_every and run.step % train.eval_every == 0 and run.step < trainer.total_steps)
             if evaluated:
+                watchdog.beat(f"the evaluation at step {run.step}")
                 metrics.update(trainer.evaluate())
+            watchdog.beat(f"the end of step {run.step}")
             logger.log(run.step, metrics)
             trainer.on_step(logger)
             if evaluated:
@@ -218,9 +232,11 @@ def _fit(trainer) -> dict[str, Any]:
         (stop,) = any_process(bool(signals.received))
         _stop_if_signalled(trainer, logger, signals.received, stop=stop)
         summary["train_seconds"] = round(time.perf_counter() - start, 2)
+        watchdog.beat("the final evaluation")
         summary["after"] = trainer.evaluate()
         logger.log(run.step, summary["after"])
         trainer.on_evaluate(run.step)
+        watchdog.beat("the final checkpoint")
         save(trainer, force=True)
         summary["steps"] = run.step
         trainer.on_end(summary)
@@ -229,10 +245,16 @@ def _fit(trainer) -> dict[str, Any]:
             with open(os.path.join(train.run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
         write_curves(train, active=logger.active)
+    except Exception as err:
+        # another process of a multi-process run died: one line and out, not a traceback followed by
+        # a minute's wait for the runtime's shutdown barrier and its abort (rljax.distributed)
+        exit_if_lost_process(err)
+        raise
     finally:
         run.checkpointer.close()  # not only wait: orbax's threads end here, not during interpreter exit
         logger.close()
         run.close()  # the run directory's lock: another run may use the directory now
+        watchdog.stop()
         signals.restore()  # last: a signal during the final commit is only noted
     return summary
 

@@ -5,7 +5,7 @@ models, scored records), with no branch on its name.
     summary = trainer.fit()             # rljax.training.loop.fit
 
 One step, top to bottom (:meth:`OfflineTrainer.step_once`): the next rows of the train split ->
-``rljax.data.encoded.collate`` (prompts left-padded, completions right-padded, widths bucketed) ->
+``rljax.data.kinds.collate`` (prompts left-padded, completions right-padded, widths bucketed) ->
 reference log-probs (cached once before training unless ``precompute_ref_logprobs: false``) ->
 :func:`offline_update` (``rljax.update.apply_update`` with the algorithm's loss and the batch's
 global totals). Evaluation scores every held-out completion without gradient and hands the scores
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from typing import Any
 
@@ -30,9 +29,9 @@ from flax import nnx
 
 from rljax.algorithms import get as get_algorithm
 from rljax.data.batching import PromptIterator, default_buckets, pad_token_id
-from rljax.data.encoded import EncodedSet, collate, encode_rows
+from rljax.data.encoded import EncodedSet
+from rljax.data.kinds import collate, get_kind
 from rljax.data.prompts import format_prompt
-from rljax.data.transcripts import encode_transcripts
 from rljax.distributed import place_batch, to_host
 from rljax.run_config import RunConfig
 from rljax.sharding import keep_shardings, shardings_of
@@ -40,6 +39,7 @@ from rljax.training import loop
 from rljax.training.data import offline_rows
 from rljax.training.export import export_run
 from rljax.training.run import build_run
+from rljax.training.spec import offline_updates, run_spec
 from rljax.update import apply_update, optimizer_for, raise_if_nonfinite
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "algorithm", "cfg", "num_micro"),
@@ -72,14 +72,12 @@ class OfflineTrainer:
             raise ValueError(f"{cfg.algorithm.name} is an online algorithm (rljax.training.online.OnlineTrainer)")
         self.cfg, a, d = cfg, cfg.algorithm, cfg.data
         self.kind = self.algorithm.data_kind(a)
-        needs_ref = self.algorithm.needs_reference(a)
-        live_reference = needs_ref and not getattr(a, "precompute_ref_logprobs", True)
         # rows first: the schedule's length (epochs) depends on the train split's size
         train_rows, eval_rows, self.data_counts = offline_rows(cfg, self.kind)
-        self.run = build_run(cfg, value_head=self.algorithm.value_head, keep_reference=live_reference,
-                             total_updates=self._total_steps_for(len(train_rows)), resume=resume,
-                             write_config=write_config, overwrite=overwrite, resume_step=resume_step,
-                             defer_restore=True)
+        spec = run_spec(cfg, train_rows=len(train_rows))
+        needs_ref, live_reference = spec.needs_reference, spec.keep_reference
+        self.run = build_run(cfg, **spec.build_args(), resume=resume, write_config=write_config, overwrite=overwrite,
+                             resume_step=resume_step, defer_restore=True)
         with self.run.released_on_error():  # a failed set-up frees the run directory
             tokenizer = self.run.tokenizer
             self.pad_id = pad_token_id(tokenizer)
@@ -150,10 +148,7 @@ class OfflineTrainer:
         return len(train_set)
 
     def _total_steps_for(self, rows: int) -> int:
-        a = self.cfg.algorithm
-        if a.epochs is None:
-            return self.cfg.train.steps
-        return max(1, math.ceil(a.epochs * (rows // a.batch_size)))
+        return offline_updates(self.cfg, rows)
 
     @property
     def step(self) -> int:
@@ -173,18 +168,8 @@ class OfflineTrainer:
 
     def _encode(self, rows: list[dict], split: str) -> EncodedSet:
         d, a = self.cfg.data, self.cfg.algorithm
-        if self.kind == "transcripts":  # the loss mask comes from rendering the template turn by turn
-            data, dropped = encode_transcripts(rows, self.run.tokenizer, system_prompt=d.system_prompt, chat=d.chat,
-                                               append_eos=a.append_eos, max_prompt_length=d.max_prompt_length,
-                                               prompt_too_long=d.too_long, max_completion_length=a.max_completion_length,
-                                               completion_too_long=a.completion_too_long, split=split)
-        else:
-            data, dropped = encode_rows(rows, self.run.tokenizer, render=self.format,
-                                        assistant_prefix=d.assistant_prefix, max_prompt_length=d.max_prompt_length,
-                                        prompt_too_long=d.too_long,
-                                        max_completion_length=a.max_completion_length,
-                                        completion_too_long=a.completion_too_long, append_eos=a.append_eos,
-                                        split=split)
+        data, dropped = get_kind(self.kind).encode(rows, self.run.tokenizer, a, data=d, render=self.format,
+                                                   split=split)
         self.data_counts.update({f"{split}_dropped/{k}": v for k, v in dropped.items()})
         if self.algorithm.prepare is not None:
             data, counts = self.algorithm.prepare(data, a, split)

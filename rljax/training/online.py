@@ -33,7 +33,6 @@ from flax import nnx
 
 from rljax import rng
 from rljax.algorithms import get as get_algorithm
-from rljax.algorithms._policy_gradient import totals as rollout_totals
 from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
@@ -57,6 +56,7 @@ from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
 from rljax.training.run import build_run
+from rljax.training.spec import run_spec
 from rljax.update import apply_update, learning_rate_schedule, raise_if_nonfinite, schedule_length
 
 
@@ -97,13 +97,13 @@ def update_epochs(graphdef, params, frozen, opt_state, batch: RolloutBatch, perm
 
     def one_update(states, mb):
         p, po, c, co, halted = states
-        p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=rollout_totals(mb, cfg),
+        p, po, metrics = apply_update(graphdef, p, frozen, po, mb, loss_fn=policy_loss, totals=algo.totals(mb, cfg),
                                       optimizer=optimizer, num_micro=num_micro, skip=halted)
         if critic_loss is not None:
             # the critic's update is refused with the policy's, and the policy's with the critic's
             # (a non-finite critic update stops the step as the policy's does): both halt together
             c, co, cm = apply_update(critic_graphdef, c, critic_frozen, co, mb, loss_fn=critic_loss,
-                                     totals=rollout_totals(mb, cfg), optimizer=critic_optimizer, num_micro=num_micro,
+                                     totals=algo.totals(mb, cfg), optimizer=critic_optimizer, num_micro=num_micro,
                                      skip=halted | (metrics["nonfinite"] > 0))
             renamed = {"loss": "critic/loss", "grad_norm": "critic/grad_norm"}
             metrics = {**metrics, **{renamed.get(k, k): v for k, v in cm.items()},
@@ -136,6 +136,15 @@ def mean_update_metrics(metrics: dict) -> dict[str, float]:
     if summary["nonfinite"] > 0:
         summary["updates_applied"] = applied
     return summary
+
+
+@functools.partial(jax.jit, static_argnames=("algorithm", "cfg"))
+def step_advantages(batch: RolloutBatch, state: dict | None, *, algorithm: str, cfg):
+    """``(batch with advantages, state')`` of the algorithm (``OnlineAlgorithm.advantages_and_state``)
+    as one jitted program. Why jitted: the batch is split over every process of a multi-process run,
+    so each eager op of the estimator would be a cross-process program of its own; a run of them in
+    flight together once hung both processes of a two-process run for ever (gloo on CPU)."""
+    return get_algorithm(algorithm).advantages_and_state(batch, cfg, state)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
@@ -193,16 +202,12 @@ class OnlineTrainer:
         if not self.algorithm.online:
             raise ValueError(f"{cfg.algorithm.name} is an offline algorithm (rljax.training.offline.OfflineTrainer)")
         a = cfg.algorithm
-        value_head = self.algorithm.value_head(a)
-        total_updates = cfg.train.steps * a.num_iterations * a.mini_batches
+        spec = run_spec(cfg)
         # TRL's learning_rate metric: the schedule the optimizer was built with (rljax.update.optimizer_for)
-        self._learning_rate = learning_rate_schedule(cfg.optim, schedule_length(cfg.optim, total_updates))
+        self._learning_rate = learning_rate_schedule(cfg.optim, schedule_length(cfg.optim, spec.total_updates))
         self._num_tokens: int | None = None  # TRL's num_tokens, read back from metrics.jsonl on resume
         self.run = build_run(
-            cfg, value_head=value_head == "shared", keep_reference=self.algorithm.needs_reference(a),
-            total_updates=total_updates,
-            critic=(a.critic_model or cfg.model.name) if value_head == "separate" else None,
-            critic_learning_rate=getattr(a, "critic_learning_rate", None), resume=resume, write_config=write_config,
+            cfg, **spec.build_args(), resume=resume, write_config=write_config,
             overwrite=overwrite, resume_step=resume_step, defer_restore=True)  # restored once the data passed
         with self.run.released_on_error():  # a failed set-up frees the run directory
             self.cfg, self.total_steps = cfg, cfg.train.steps
@@ -315,15 +320,16 @@ class OnlineTrainer:
         if value_head is not None:
             values_of = run.critic if value_head == "separate" else run.policy
             batch = batch.replace(old_values=score_values(*values_of.split, batch))
-        batch, state = self.algorithm.advantages_and_state(batch, self.advantage_cfg, self.algorithm_state)
+        batch, state = step_advantages(batch, self.algorithm_state, algorithm=a.name, cfg=self.advantage_cfg)
         jax.block_until_ready(batch)
         t_ref = time.perf_counter() - t1
         t2 = time.perf_counter()
         metrics.update(self.update_epochs(batch))
         t_update = time.perf_counter() - t2
-        if batch.ref_logprobs is not None and "kl/mean" not in metrics:
+        estimator = self.algorithm.reward_kl_estimator(a)
+        if batch.ref_logprobs is not None and "kl/mean" not in metrics and estimator is not None:
             # the KL is in the reward (PPO, RLOO, REINFORCE++): log the estimate the reward used
-            metrics["kl/mean"] = reward_kl(batch, estimator=a.kl_estimator)
+            metrics["kl/mean"] = reward_kl(batch, estimator=estimator)
         metrics.update(roll.reward_metrics)
         if self.rewards is not None:  # every sample scored this step, dropped groups too
             metrics.update(_reward_counters(self.rewards.functions))
@@ -443,8 +449,13 @@ def _restored_algorithm_state(metadata: dict, initial: dict) -> dict[str, float]
 def reward_kl(batch: RolloutBatch, *, estimator: str) -> float:
     """Mean over the counted tokens of the KL estimate ``k(π_old, π_ref)`` that enters the reward
     (PPO, RLOO, REINFORCE++; TRL ``RLOOTrainer``'s ``kl``)."""
+    return float(_reward_kl(batch, estimator=estimator))
+
+
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _reward_kl(batch: RolloutBatch, *, estimator: str):
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=estimator, mask=batch.loss_mask)
-    return float(masked_mean(kl, batch.loss_mask))
+    return masked_mean(kl, batch.loss_mask)
 
 
 def _logged_num_tokens(run_dir: str, step: int) -> int:
@@ -499,4 +510,4 @@ def _sample_rows(roll: Rollout, *, prefix: str) -> list[dict]:
 
 
 __all__ = ["OnlineTrainer", "mean_update_metrics", "reward_kl", "rollout_batch", "score_logprobs",
-           "score_values", "update_epochs", "update_trace_count"]
+           "score_values", "step_advantages", "update_epochs", "update_trace_count"]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.algorithms._policy_gradient import totals
+from rljax.algorithms.policy_gradient import totals
 from rljax.config import ConfigError, from_yaml
 from rljax.losses.reduce import reduce_tokens
 from rljax.run_config import RunConfig

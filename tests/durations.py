@@ -1,0 +1,85 @@
+"""Per-tier and per-file test times from pytest's JUnit XML, and the unit tests over a time limit.
+
+    python -m pytest tests/unit --junitxml=unit.xml   # or the whole suite
+    python tests/durations.py unit.xml [more.xml ...] [--unit-limit 5] [--top 15] [--check]
+    python tests/durations.py --run tests/unit [pytest args ...]   # runs pytest with a JUnit file, then reports
+
+A test's time is JUnit's (setup + call + teardown, so a module fixture counts in its first test).
+``--check`` exits 1 when a unit test takes longer than ``--unit-limit`` seconds, so the quick loop
+(``python -m pytest tests/unit``) stays quick; such a test belongs in tests/integration/.
+"""
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+TIERS = ("unit", "integration", "system")
+
+
+def read_cases(paths):
+    """``[(file, test name, seconds, outcome)]`` from JUnit XML files (``tests/<tier>/test_x.py`` names)."""
+    cases = []
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            parts = case.get("classname", "").split(".")
+            module = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+            file = "/".join(parts[:module + 1]) + ".py"
+            outcome = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            cases.append((file, case.get("name", ""), float(case.get("time", 0.0)), outcome))
+    return cases
+
+
+def tier_of(file):
+    parts = file.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "other"
+
+
+def report(cases, *, unit_limit, top, out=sys.stdout):
+    """Prints the totals; returns the unit tests slower than ``unit_limit`` seconds."""
+    by_tier, by_file, counts = collections.Counter(), collections.Counter(), collections.Counter()
+    for file, _, seconds, _ in cases:
+        by_tier[tier_of(file)] += seconds
+        by_file[file] += seconds
+        counts[tier_of(file)] += 1
+    total = sum(by_tier.values())
+    print(f"{'tier':<12} {'tests':>6} {'seconds':>9}  (summed over workers; wall time is about this / -n)", file=out)
+    for tier in (*TIERS, "other"):
+        if counts[tier]:
+            print(f"{tier:<12} {counts[tier]:>6} {by_tier[tier]:>9.1f}", file=out)
+    print(f"{'all':<12} {len(cases):>6} {total:>9.1f}", file=out)
+    print(f"\nfiles, slowest first (top {top} of {len(by_file)}):", file=out)
+    for file, seconds in by_file.most_common(top):
+        print(f"{seconds:>9.1f}  {file}", file=out)
+    slow = sorted(((s, f, n) for f, n, s, _ in cases if tier_of(f) == "unit" and s > unit_limit), reverse=True)
+    if slow:
+        print(f"\nunit tests over {unit_limit:g} s (move them to tests/integration/ or make them quicker):", file=out)
+        for seconds, file, name in slow:
+            print(f"{seconds:>9.1f}  {file}::{name}", file=out)
+    return slow
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("xml", nargs="*", help="JUnit XML files written by pytest --junitxml")
+    parser.add_argument("--run", nargs=argparse.REMAINDER, help="run pytest with these arguments, then report")
+    parser.add_argument("--unit-limit", type=float, default=5.0, help="seconds a unit test may take (default 5)")
+    parser.add_argument("--top", type=int, default=15, help="how many files to list (default 15)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a unit test is over --unit-limit")
+    args = parser.parse_args(argv)
+    paths, rc = list(args.xml), 0
+    if args.run is not None:
+        fd, path = tempfile.mkstemp(suffix=".xml")
+        os.close(fd)
+        rc = subprocess.call([sys.executable, "-m", "pytest", *args.run, f"--junitxml={path}"])
+        paths.append(path)
+    if not paths:
+        parser.error("give JUnit XML files or --run PYTEST_ARGS")
+    slow = report(read_cases(paths), unit_limit=args.unit_limit, top=args.top)
+    return rc or (1 if args.check and slow else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""tests/durations.py: per-tier and per-file totals and the slow unit tests, from a hand-made JUnit file."""
+import io
+
+from tests import durations
+
+XML = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="5">
+<testcase classname="tests.unit.test_a" name="test_quick" time="0.5"/>
+<testcase classname="tests.unit.test_a" name="test_slow[x]" time="7.25"/>
+<testcase classname="tests.unit.test_b.TestGroup" name="test_in_a_class" time="1.0"><skipped/></testcase>
+<testcase classname="tests.integration.test_c" name="test_run" time="30.0"><failure message="no"/></testcase>
+<testcase classname="tests.system.test_d" name="test_procs" time="12.0"/>
+</testsuite></testsuites>
+"""
+
+
+def test_totals_by_tier_and_file_and_the_unit_tests_over_the_limit(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(XML)
+    cases = durations.read_cases([path])
+    assert [(f, o) for f, _, _, o in cases] == [
+        ("tests/unit/test_a.py", "passed"), ("tests/unit/test_a.py", "passed"), ("tests/unit/test_b.py", "skipped"),
+        ("tests/integration/test_c.py", "failure"), ("tests/system/test_d.py", "passed")]
+    out = io.StringIO()
+    slow = durations.report(cases, unit_limit=5, top=2, out=out)
+    assert slow == [(7.25, "tests/unit/test_a.py", "test_slow[x]")]
+    lines = out.getvalue().splitlines()
+    assert lines[1].split() == ["unit", "3", "8.8"]  # 0.5 + 7.25 + 1.0
+    assert lines[2].split() == ["integration", "1", "30.0"]
+    assert lines[3].split() == ["system", "1", "12.0"]
+    assert lines[4].split() == ["all", "5", "50.8"]
+    assert [line.split()[1] for line in lines[7:9]] == ["tests/integration/test_c.py", "tests/system/test_d.py"]
+    assert durations.main([str(path), "--check", "--unit-limit", "8"]) == 0
+    assert durations.main([str(path), "--check"]) == 1
+    assert durations.main([str(path)]) == 0
