@@ -1,5 +1,5 @@
 """What every ``experiments/ablate_*.py`` file shares: a sweep of one config over a grid and seeds
-(``rljax.sweep``), its comparison table (``rljax.compare``) and the results file.
+(``rljax.tools.sweep``), its comparison table (``rljax.tools.compare``) and the results file.
 
     python experiments/ablate_X.py [--steps N] [--seeds 0,1,2] [--out DIR] [KEY=VALUE ...]
                                                                              # writes experiments/results/X.md
@@ -33,8 +33,8 @@ def main(name: str, question: str, config: str, grid: dict[str, list[str]], over
          argv: Sequence[str] | None = None, runner=None) -> int:
     """Parse ``argv``, run the sweep (skipping finished runs), compare, write the results file; returns
     0, or 1 when a run failed (the table then holds the runs that finished)."""
-    from rljax.compare import compare, write_compare
-    from rljax.sweep import plan_sweep, read_manifest, run_sweep, sweep_failures
+    from rljax.tools.compare import compare, write_compare
+    from rljax.tools.sweep import plan_sweep, read_manifest, run_sweep, sweep_failures
 
     parser = argparse.ArgumentParser(prog=f"experiments/{name}.py", description=question)
     parser.add_argument("--smoke", action="store_true", help="tiny random model, 2 steps, seeds 0,1 (for tests)")
@@ -44,7 +44,7 @@ def main(name: str, question: str, config: str, grid: dict[str, list[str]], over
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="more config overrides for every run (e.g. data.eval_size=32)")
     args = parser.parse_args(argv)
-    from rljax.sweep import parse_seeds
+    from rljax.tools.sweep import parse_seeds
 
     seeds = parse_seeds(args.seeds or ("0,1" if args.smoke else "0,1,2"))
     out = args.out or os.path.join("runs", "experiments", name + ("-smoke" if args.smoke else ""))

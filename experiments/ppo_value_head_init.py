@@ -30,7 +30,7 @@ import tempfile
 
 from rljax.config import from_yaml
 from rljax.models.tiny import make_tiny_model_dir
-from rljax.reporting import environment, markdown_table
+from rljax.tools.reporting import environment, markdown_table
 from rljax.rewards.base import per_sample, register_reward
 from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer

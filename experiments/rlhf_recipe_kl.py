@@ -40,7 +40,8 @@ def measure(run_dirs: Sequence[str], *, samples: int = 4) -> list[dict]:
     from rljax.config import load_config
     from rljax.models import load
     from rljax.rewards.base import build_rewards
-    from rljax.rollout import PromptFormat, rollout, sampling_config
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, sampling_config
     from rljax.run_config import RunConfig
     from rljax.training.data import online_examples
 

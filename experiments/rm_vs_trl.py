@@ -146,7 +146,7 @@ def run_trl(model_dir: str, train_rows, eval_rows, out_dir: str, *, setting: str
 
 def _ensure_hf_dir(path: str) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
-        from rljax.cli import main as rljax_main
+        from rljax.tools.cli import main as rljax_main
 
         rljax_main(["convert", "smollm2-135m-instruct", path])
     return path
@@ -254,7 +254,7 @@ def _report(args, rows, trl_error) -> None:
     """Write the table so far to ``args.out`` (after every row: a run cut short keeps what it measured)."""
     import jax
 
-    from rljax.reporting import environment, markdown_table
+    from rljax.tools.reporting import environment, markdown_table
 
     table = markdown_table(["preference", "setting", "rljax held-out acc (before -> after)",
                             "TRL held-out acc (before -> after)", "rljax s/step", "TRL s/step",

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rljax.config import load_config
-from rljax.reporting import write_json
+from rljax.tools.reporting import write_json
 from rljax.run_config import RunConfig
 
 CORRECT = "correct"  # the name of the reward function (and of its per-sample values)
@@ -495,7 +495,7 @@ def write_report(out: str, *, title: str, description: str, table: str, verdict:
                  log: Callable[[str], None] = print) -> str:
     """``out/results.md`` (title, setup, table, verdict, run time) plus ``config.json`` /
     ``environment.json`` (``meta`` and the run times); logs and returns the markdown."""
-    from rljax.reporting import save_run_metadata
+    from rljax.tools.reporting import save_run_metadata
 
     text = "\n".join([
         title, "", description, "", table, "", verdict, "",

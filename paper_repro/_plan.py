@@ -4,7 +4,7 @@ Every reproduction takes ``--plan TARGET`` beside its preset (``--smoke`` / defa
 instead of pretraining and training, it builds the RunConfig of its largest run (the method whose
 state and batches are biggest) through the same config builders its runs use, with a model directory
 that holds only the preset's ``config.json`` (random-init shapes: the plan needs no weights, no
-tokenizer, no pretraining), and runs ``rljax plan`` on it (``rljax.cli``, so the report, the
+tokenizer, no pretraining), and runs ``rljax plan`` on it (``rljax.tools.cli``, so the report, the
 ``cpu-N`` re-run in a fresh process and the exit status are those of ``rljax plan CONFIG --target``):
 0 when every program fits the target's memory per device, 1 when one does not, 2 on bad input.
 
@@ -33,7 +33,7 @@ def plan_runs(runs: Sequence[tuple[str, object]], target: str, *, log: Callable[
               json_dir: str | None = None) -> int:
     """``rljax plan --target TARGET`` on each ``(label, RunConfig)``; the worst exit status (0: all fit).
     ``json_dir``: also write each report as ``<json_dir>/plan_<n>.json``."""
-    from rljax.cli import main as cli_main
+    from rljax.tools.cli import main as cli_main
     from rljax.config import save_config
 
     status = 0

@@ -229,7 +229,7 @@ def pretrain_reference(settings: PretrainSettings, *, cache: str | os.PathLike |
     from rljax.config import from_yaml
     from rljax.data.preferences import write_jsonl
     from rljax.models.tiny import make_tiny_model_dir
-    from rljax.reporting import write_json
+    from rljax.tools.reporting import write_json
     from rljax.run_config import RunConfig
     from rljax.training import OfflineTrainer
     from rljax.training.export import export_model
@@ -303,7 +303,8 @@ def _describe_reference(model_dir: Path, settings: PretrainSettings, *, prompts:
     from rljax.data.batching import pad_token_id
     from rljax.models import load
     from rljax.rewards import RewardSet, make_sentiment_reward, sentiment_scores
-    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, stop_token_ids
     from rljax.sampling import SamplingConfig
 
     model, tok = load(str(model_dir))

@@ -79,7 +79,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paper_repro import _arith_policy as ap  # noqa: E402
 from rljax.host_memory import keep_host_memory  # noqa: E402
-from rljax.reporting import markdown_table, mean_std  # noqa: E402
+from rljax.tools.reporting import markdown_table, mean_std  # noqa: E402
 
 NAME = "dapo_clip_higher"
 

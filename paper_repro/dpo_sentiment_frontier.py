@@ -215,7 +215,8 @@ class Sampler:
                  batch_rows: int):
         from rljax.data.batching import pad_token_id
         from rljax.rewards import RewardSet, make_sentiment_reward
-        from rljax.rollout import PromptFormat, encode_prompts, stop_token_ids
+        from rljax.data.prompts import PromptFormat, encode_prompts
+        from rljax.rollout import stop_token_ids
         from rljax.sampling import SamplingConfig
 
         self.tokenizer, self.repeats, self.batch_rows = tokenizer, repeats, batch_rows
@@ -519,7 +520,7 @@ METHODS = ("DPO", "PPO", "Best-of-N", "optimal (IS)")
 
 def build_table(results: list[dict[str, Any]], preset: Preset) -> tuple[str, str, dict[str, Any]]:
     """The markdown table, the verdict line, and the numbers behind them."""
-    from rljax.reporting import markdown_table, mean_std
+    from rljax.tools.reporting import markdown_table, mean_std
 
     budgets = preset.kl_budgets
     best = {m: [[best_within(method_points(r, m), b) for b in budgets] for r in results] for m in METHODS}
@@ -634,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan:
         raise SystemExit(plan_runs(preset, preset_name, out, args.plan, log))
 
-    from rljax.reporting import save_run_metadata, write_json
+    from rljax.tools.reporting import save_run_metadata, write_json
 
     snippets = corpus.read_snippets()  # a clear error with the fetch command when the cache is empty
     save_run_metadata(str(out), {"preset": preset_name, **dataclasses.asdict(preset),
@@ -684,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def mean_std_int(values: Sequence[int]) -> str:
-    from rljax.reporting import mean_std
+    from rljax.tools.reporting import mean_std
 
     return mean_std([float(v) for v in values], digits=4)
 

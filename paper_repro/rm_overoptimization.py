@@ -568,7 +568,7 @@ def _peak_text(d: float) -> str:
 
 def build_table(summary: dict[str, Any]) -> str:
     """The markdown table: one row per method and RM size."""
-    from rljax.reporting import markdown_table, mean_std
+    from rljax.tools.reporting import markdown_table, mean_std
 
     headers = ["method", "RM pairs", "RM held-out acc.", "peak d", "gold at peak", "largest d", "gold at largest d",
                "proxy at largest d", "fit α", "fit β", "fit R²", "fitted peak d*", "over-optimised"]
@@ -645,7 +645,7 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], preset: Preset,
 def write_report(out: Path, preset_name: str, preset: Preset, pretrain: dict[str, Any], results: list[dict[str, Any]],
                  seconds: float, log) -> str:
     """Summary, table, verdicts, plot, ``curves.json`` and ``results.md`` from the per-seed results."""
-    from rljax.reporting import mean_std, write_json
+    from rljax.tools.reporting import mean_std, write_json
 
     summary = summarize(results, preset)
     table = build_table(summary)
@@ -715,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_report(out, saved["preset"], preset, saved["pretrain"], results, saved.get("seconds", float("nan")), log)
         return 0
 
-    from rljax.reporting import save_run_metadata, write_json
+    from rljax.tools.reporting import save_run_metadata, write_json
 
     snippets = corpus.read_snippets()  # a clear error with the fetch command when the cache is empty
     save_run_metadata(str(out), {"preset": preset_name, **dataclasses.asdict(preset),

@@ -1,4 +1,5 @@
-"""Several processes, one JAX runtime: ``jax.distributed.initialize``, as TPU pods and GPU clusters run.
+"""Several processes, one JAX runtime (``jax.distributed.initialize``, as TPU pods and GPU clusters
+run), and the host side of a batch: onto the mesh, back to host, the rows each process holds.
 
     initialize(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=0)   # explicit
     initialize()                      # on a TPU pod or under SLURM: JAX finds the cluster itself
@@ -8,7 +9,7 @@ the run's mesh (``rljax.training.run.run_mesh``) spans them, and each process ho
 parameters and batches that live on its own devices. What differs between processes is only what
 touches the host: only process 0 writes logs, samples, ``config.yaml``, ``summary.json`` and the
 exported model; every process writes its own shards of a checkpoint (orbax); rewards are computed by
-the process whose devices hold the rows (``rljax.rollout``; ``rljax.sharding.local_rows``).
+the process whose devices hold the rows (``rljax.rollout``; :func:`local_rows`).
 
 On the CPU backend the cross-process collectives need gloo
 (``jax_cpu_collectives_implementation``; without it: "Multiprocess computations aren't implemented
@@ -21,14 +22,18 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from rljax.errors import UserError
+from rljax.sharding import MeshAxes, Rules, active_mesh, active_rules, batch_shards, batch_sharding, put, replicated
 
-__all__ = ["LOST_PROCESS_EXIT_CODE", "any_process", "cluster_detected", "exit_if_lost_process", "initialize",
-           "is_main_process", "lost_process_line", "process_index"]
+__all__ = ["LOST_PROCESS_EXIT_CODE", "any_process", "cluster_detected", "exit_if_lost_process", "gather_rows",
+           "initialize", "is_main_process", "local_rows", "lost_process_line", "place_batch", "process_index", "to_host"]
 
 LOST_PROCESS_EXIT_CODE = 75
 """Exit status of a process whose peer died (``EX_TEMPFAIL``: restart the job with ``--resume``)."""
@@ -155,5 +160,83 @@ def _resume_command(argv: list[str]) -> str:
     args = list(argv[1:])
     if "--resume" not in args:
         args.append("--resume")
-    program = "rljax" if os.path.basename(argv[0]) in ("rljax", "cli.py", "-m") else argv[0]
+    program = "rljax" if os.path.basename(argv[0]) in ("rljax", "cli.py", "__main__.py", "-m") else argv[0]
     return shlex.join([program, *args])
+
+
+# ---------------------------------------------------------------------------------------------
+# The host side of a batch
+
+
+def place_batch(tree: Any, mesh: Mesh | None = None, rules: Rules | Mapping[str, MeshAxes] | None = None) -> Any:
+    """Every array of a batch (host or device) on ``mesh`` (default: ``rljax.sharding.active_mesh``), rows split.
+
+    A leaf whose leading dim (rows) is divisible by the ``batch`` rule's mesh axes is split over
+    them (``rljax.sharding.batch_sharding``); any other (a last evaluation chunk of odd size, a scalar) is
+    replicated: every device then computes all of its rows, which is correct, only slower. Host
+    arrays must hold the *global* batch, the same on every process. Without a mesh the arrays become
+    ``jax.Array`` s on the default device (``jnp.asarray``), as before meshes.
+    """
+    mesh = active_mesh() if mesh is None else mesh
+    if mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tree)
+    rules = active_rules() if rules is None else rules
+    rows_sharding = batch_sharding(mesh, rules)
+    shards = batch_shards(mesh, rules)
+
+    def leaf(x):
+        shape = np.shape(x)
+        split = len(shape) >= 1 and shape[0] % shards == 0
+        return put(x, rows_sharding if split else replicated(mesh))
+
+    return jax.tree.map(leaf, tree)
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A NumPy copy of the whole of ``x``: a jax array held only in part by this process (a batch
+    split over several hosts) is all-gathered across processes first (every process must call)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def local_rows(x: Any) -> slice:
+    """The rows (leading dim) of ``x`` this process's devices hold: all of them in a one-process run
+    or where the rows are replicated; a contiguous block where several processes split them."""
+    n = np.shape(x)[0]
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return slice(0, n)
+    starts, stops = [], []
+    for index in x.sharding.addressable_devices_indices_map(x.shape).values():
+        rows = index[0] if index else slice(None)
+        start, stop, _ = rows.indices(n)
+        starts.append(start)
+        stops.append(stop)
+    block = slice(min(starts), max(stops))
+    covered = set()
+    for start, stop in zip(starts, stops):
+        covered.update(range(start, stop))
+    if len(covered) != block.stop - block.start:
+        raise ValueError(f"this process holds rows {sorted(covered)} of {n}: not one contiguous block "
+                         "(a mesh whose batch axes interleave the processes' devices)")
+    return block
+
+
+def gather_rows(values: Any, rows: slice, total: int) -> np.ndarray:
+    """Every process's ``values`` (the host results for its :func:`local_rows` ``rows``), assembled
+    into the ``total`` rows, on every process (every process must call). One process, or rows that
+    were not split (``rows`` covers all): ``values`` itself."""
+    values = np.asarray(values)
+    if rows.start == 0 and rows.stop == total:
+        return values
+    from jax.experimental import multihost_utils
+
+    # each process sends its block and where it starts: blocks are equal-sized (the batch divides)
+    starts = np.asarray(multihost_utils.process_allgather(np.asarray([rows.start], np.int64), tiled=True))
+    blocks = np.asarray(multihost_utils.process_allgather(values[None], tiled=True))
+    out = np.empty((total,) + values.shape[1:], values.dtype)
+    for start, block in zip(starts, blocks):
+        out[start:start + len(block)] = block
+    return out

@@ -2,7 +2,7 @@
 
     raise UserError("data.path: no such file: data/trian.jsonl")
 
-``rljax`` (``rljax.cli.main``) prints a :class:`UserError`'s message alone, as the last line
+``rljax`` (``rljax.tools.cli.main``) prints a :class:`UserError`'s message alone, as the last line
 ``rljax <command>: error: <message>``, and exits with status 2 (``RLJAX_TRACEBACK=1`` shows the
 traceback too); any other exception is a bug or a fault and keeps its traceback. So the message
 must say everything: the key, file, row or flag, and what was expected. Both classes subclass the

@@ -18,7 +18,7 @@ maximum). Cost: memory a process has freed is kept for its next allocation inste
 returned to the operating system, so the resident size stays at its peak.
 
 Where: importing rljax changes nothing; the settings are process-wide, so the process's entry point
-applies them. ``rljax.cli.main`` calls :func:`keep_host_memory` for ``train``, ``eval`` and
+applies them. ``rljax.tools.cli.main`` calls :func:`keep_host_memory` for ``train``, ``eval`` and
 ``generate`` before any JAX work (``train`` and ``eval`` by :func:`keep_host_memory_for_run`:
 online runs only), and so do the long-running scripts in ``experiments/perf/`` and
 ``paper_repro/``; a script of your own calls it first thing. Call it before JAX starts its thread

@@ -7,11 +7,12 @@
     roll.completion_ids, roll.logprobs, roll.scores, roll.texts     # rows example-major
 
 ``rollout`` formats each prompt (chat template, system prompt, assistant prefix), tokenises and
-left-pads them (``encode_prompts``), repeats each prompt ``repeats`` times, samples with the jitted
-KV-cache sampler (``rljax.sampling.generate``), decodes the completions (the assistant prefix, which
-the prompt already ends with, is put back in front: rewards score the whole response) and scores
-them with a ``RewardSet``. The result, :class:`Rollout`, is host-side numpy: the trainers turn its
-arrays into batches, the pair builder (``rljax.pairs``) and the command line read its texts.
+left-pads them (``rljax.data.prompts.encode_prompts`` under a ``PromptFormat``), repeats each prompt
+``repeats`` times, samples with the jitted KV-cache sampler (``rljax.sampling.generate``), decodes
+the completions (the assistant prefix, which the prompt already ends with, is put back in front:
+rewards score the whole response) and scores them with a ``RewardSet``. The result,
+:class:`Rollout`, is host-side numpy: the trainers turn its arrays into batches, the pair builder
+(``rljax.tools.pairs``) and the command line read its texts.
 
 The turn boundary: one call is one assistant turn for every row (prompt tokens in, completion
 tokens, their sampler log-probs and a stop flag out). A multi-turn episode is a
@@ -27,11 +28,12 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from rljax.data.batching import TokenizedPrompts, pad_token_id, tokenize_prompts
-from rljax.data.prompts import format_prompt
+from rljax.data.batching import pad_token_id
+from rljax.data.prompts import PromptFormat, encode_prompts
+from rljax.distributed import gather_rows, local_rows, place_batch, to_host
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
-from rljax.sharding import batch_shards, gather_rows, local_rows, place_batch, to_host
+from rljax.sharding import batch_shards
 
 __all__ = ["PromptFormat", "Rollout", "concat_rollouts", "encode_prompts", "packing_group", "render_prompt", "rollout",
            "sampling_config", "stop_token_ids"]
@@ -64,81 +66,6 @@ def sampling_config(section: Any, tokenizer: Any, model_config: Any, *, evaluati
     if evaluation:
         return SamplingConfig(temperature=section.eval_temperature, **common)
     return SamplingConfig(temperature=section.temperature, top_k=section.top_k or 0, top_p=section.top_p, **common)
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptFormat:
-    """How prompt text becomes prompt tokens.
-
-    ``chat``: render with the tokenizer's chat template (``rljax.data.prompts.format_prompt``), else
-    the raw text (the system prompt, if any, then a blank line). ``system_prompt``: "" = none.
-    ``assistant_prefix``: text that starts every response (the prompt ends with it; rewards score
-    prefix + completion). ``max_prompt_length``: tokens; a longer prompt raises (``too_long="error"``,
-    naming it) or is dropped and counted (``"filter"``). ``add_special_tokens``: let the tokenizer add
-    its special tokens (BOS) -- for raw prompts to base models (``rljax generate`` without ``--chat``);
-    leave False for chat-templated text, which holds any BOS already. ``buckets``: the widths prompts
-    are padded to (None: ``rljax.data.batching.default_buckets(max_prompt_length)``; one width pins
-    every batch to it). ``few_shot``: ``(user text, assistant reply)`` pairs shown before every prompt
-    (``rljax.data.prompts.format_prompt``).
-    """
-
-    chat: bool = True
-    system_prompt: str = ""
-    assistant_prefix: str = ""
-    max_prompt_length: int = 128
-    too_long: str = "error"
-    add_special_tokens: bool = False
-    buckets: tuple[int, ...] | None = None
-    few_shot: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self):
-        if self.too_long not in ("error", "filter"):
-            raise ValueError(f"PromptFormat.too_long must be 'error' or 'filter', got {self.too_long!r}")
-        if self.max_prompt_length < 1:
-            raise ValueError(f"PromptFormat.max_prompt_length must be positive, got {self.max_prompt_length}")
-
-    @classmethod
-    def from_data(cls, data: Any) -> "PromptFormat":
-        """The format of a run's ``data`` section (``chat``, ``system_prompt``, ``assistant_prefix``,
-        ``max_prompt_length``, ``too_long``, ``few_shot``)."""
-        return cls(chat=data.chat, system_prompt=data.system_prompt or "", assistant_prefix=data.assistant_prefix,
-                   max_prompt_length=data.max_prompt_length, too_long=data.too_long,
-                   few_shot=tuple((shot.user, shot.reply) for shot in data.few_shot))
-
-
-def render_prompt(tokenizer: Any, prompt: str | list[dict], fmt: PromptFormat) -> str:
-    """The text ``prompt`` becomes under ``fmt`` (chat template, system prompt, assistant prefix):
-    what :func:`encode_prompts` tokenises (with ``add_special_tokens=fmt.add_special_tokens``)."""
-    return format_prompt(tokenizer, prompt, system_prompt=fmt.system_prompt or None, chat=fmt.chat,
-                         assistant_prefix=fmt.assistant_prefix, few_shot=fmt.few_shot)
-
-
-def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict]], fmt: PromptFormat) -> TokenizedPrompts:
-    """Format (``format_prompt``) and tokenise ``prompts``, left-padded to a bucket width
-    (``rljax.data.batching.tokenize_prompts``): ``(input_ids, attention_mask, kept, dropped)``.
-
-    A prompt over ``fmt.max_prompt_length`` tokens raises with ``too_long="error"`` (naming its
-    index, its start and its length) and is dropped with ``"filter"`` (``kept`` indexes the rows
-    into ``prompts``; ``dropped`` counts the others).
-    """
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a sequence of prompts, got one str")
-    texts = [render_prompt(tokenizer, p, fmt) for p in prompts]
-    # filter first, then raise with the prompt itself (the formatted text starts with the template)
-    tok = tokenize_prompts(tokenizer, texts, max_prompt_length=fmt.max_prompt_length, too_long="filter",
-                           buckets=fmt.buckets, add_special_tokens=fmt.add_special_tokens)
-    if tok.dropped and fmt.too_long == "error":
-        i = sorted(set(range(len(texts))) - set(tok.kept.tolist()))[0]
-        n = len(tokenizer(texts[i], add_special_tokens=fmt.add_special_tokens)["input_ids"])
-        raise ValueError(f"prompt {i} ({_excerpt(prompts[i])}) is {n} tokens long once formatted, over "
-                         f"max_prompt_length={fmt.max_prompt_length} (raise the limit, e.g. "
-                         "data.max_prompt_length, or set too_long='filter' to drop such prompts)")
-    return tok
-
-
-def _excerpt(prompt: Any, limit: int = 60) -> str:
-    text = prompt if isinstance(prompt, str) else " / ".join(str(m.get("content", "")) for m in prompt)
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 @dataclasses.dataclass

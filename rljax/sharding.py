@@ -55,13 +55,12 @@ __all__ = [
     "replicated",
     "use_mesh",
     "active_mesh",
+    "active_rules",
+    "batch_shards",
+    "put",
     "constrain",
     "constrain_state",
     "on_mesh",
-    "place_batch",
-    "to_host",
-    "local_rows",
-    "gather_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -257,11 +256,11 @@ def shard_model(
     """
     is_module = isinstance(model, nnx.Module)
     graphdef, state = nnx.split(model) if is_module else model
-    state = jax.tree.map(_put, state, param_shardings(state, mesh, rules))
+    state = jax.tree.map(put, state, param_shardings(state, mesh, rules))
     return nnx.merge(graphdef, state) if is_module else (graphdef, state)
 
 
-def _put(x: Any, sharding: NamedSharding) -> jax.Array:
+def put(x: Any, sharding: NamedSharding) -> jax.Array:
     """``x`` on ``sharding``. An array already there is kept (no copy); a host array, or a jax array
     held whole by this process (made before the mesh, e.g. fresh LoRA adapters), is placed slice by
     slice from host memory with ``jax.make_array_from_callback``, which is also right when several
@@ -289,48 +288,14 @@ def on_mesh(tree: Any, mesh: Mesh) -> Any:
         if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
             return x
         if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-            return _put(x, replicated(mesh))
+            return put(x, replicated(mesh))
         return x
-
-    return jax.tree.map(leaf, tree)
-
-
-def place_batch(tree: Any, mesh: Mesh | None = None, rules: Rules | Mapping[str, MeshAxes] | None = None) -> Any:
-    """Every array of a batch (host or device) on ``mesh`` (default: :func:`active_mesh`), rows split.
-
-    A leaf whose leading dim (rows) is divisible by the ``batch`` rule's mesh axes is split over
-    them (:func:`batch_sharding`); any other (a last evaluation chunk of odd size, a scalar) is
-    replicated: every device then computes all of its rows, which is correct, only slower. Host
-    arrays must hold the *global* batch, the same on every process. Without a mesh the arrays become
-    ``jax.Array`` s on the default device (``jnp.asarray``), as before meshes.
-    """
-    mesh = active_mesh() if mesh is None else mesh
-    if mesh is None:
-        return jax.tree.map(jax.numpy.asarray, tree)
-    rules = (_ACTIVE_RULES.get() or DEFAULT_RULES) if rules is None else rules
-    rows_sharding = batch_sharding(mesh, rules)
-    shards = batch_shards(mesh, rules)
-
-    def leaf(x):
-        shape = np.shape(x)
-        split = len(shape) >= 1 and shape[0] % shards == 0
-        return _put(x, rows_sharding if split else replicated(mesh))
 
     return jax.tree.map(leaf, tree)
 
 
 def _axes_of(target: MeshAxes) -> tuple[str, ...]:
     return (target,) if isinstance(target, str) else tuple(target or ())
-
-
-def to_host(x: Any) -> np.ndarray:
-    """A NumPy copy of the whole of ``x``: a jax array held only in part by this process (a batch
-    split over several hosts) is all-gathered across processes first (every process must call)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
 
 
 # ---------------------------------------------------------------------- activation constraints
@@ -356,9 +321,14 @@ def use_mesh(mesh: Mesh, rules: Rules | Mapping[str, MeshAxes] = DEFAULT_RULES):
 
 
 def active_mesh() -> Mesh | None:
-    """The mesh of the innermost :func:`use_mesh`, or None outside one (where :func:`place_batch`
-    keeps arrays on the default device)."""
+    """The mesh of the innermost :func:`use_mesh`, or None outside one (where
+    ``rljax.distributed.place_batch`` keeps arrays on the default device)."""
     return _ACTIVE_MESH.get()
+
+
+def active_rules() -> Rules | Mapping[str, MeshAxes]:
+    """The rules of the innermost :func:`use_mesh` (:data:`DEFAULT_RULES` outside one)."""
+    return _ACTIVE_RULES.get() or DEFAULT_RULES
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
@@ -435,43 +405,3 @@ def keep_shardings(tree: Any, shardings: Any) -> Any:
         return jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
 
     return jax.tree.map(one, tree, shardings)
-
-
-def local_rows(x: Any) -> slice:
-    """The rows (leading dim) of ``x`` this process's devices hold: all of them in a one-process run
-    or where the rows are replicated; a contiguous block where several processes split them."""
-    n = np.shape(x)[0]
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-        return slice(0, n)
-    starts, stops = [], []
-    for index in x.sharding.addressable_devices_indices_map(x.shape).values():
-        rows = index[0] if index else slice(None)
-        start, stop, _ = rows.indices(n)
-        starts.append(start)
-        stops.append(stop)
-    block = slice(min(starts), max(stops))
-    covered = set()
-    for start, stop in zip(starts, stops):
-        covered.update(range(start, stop))
-    if len(covered) != block.stop - block.start:
-        raise ValueError(f"this process holds rows {sorted(covered)} of {n}: not one contiguous block "
-                         "(a mesh whose batch axes interleave the processes' devices)")
-    return block
-
-
-def gather_rows(values: Any, rows: slice, total: int) -> np.ndarray:
-    """Every process's ``values`` (the host results for its :func:`local_rows` ``rows``), assembled
-    into the ``total`` rows, on every process (every process must call). One process, or rows that
-    were not split (``rows`` covers all): ``values`` itself."""
-    values = np.asarray(values)
-    if rows.start == 0 and rows.stop == total:
-        return values
-    from jax.experimental import multihost_utils
-
-    # each process sends its block and where it starts: blocks are equal-sized (the batch divides)
-    starts = np.asarray(multihost_utils.process_allgather(np.asarray([rows.start], np.int64), tiled=True))
-    blocks = np.asarray(multihost_utils.process_allgather(values[None], tiled=True))
-    out = np.empty((total,) + values.shape[1:], values.dtype)
-    for start, block in zip(starts, blocks):
-        out[start:start + len(block)] = block
-    return out

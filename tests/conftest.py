@@ -2,7 +2,7 @@
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
-so they are off here (``rljax.cli.main`` and the scripts call ``keep_host_memory``, which reads this
+so they are off here (``rljax.tools.cli.main`` and the scripts call ``keep_host_memory``, which reads this
 switch); tests/system/test_host_memory.py checks them in subprocesses.
 """
 import os

@@ -63,7 +63,7 @@ GEN_ROWS, GEN_PROMPT, GEN_NEW = (64, 256), 128, 256
 
 
 def plan_api():
-    """The planner's public entry points, as ``rljax plan`` (rljax/cli.py) imports them: the one
+    """The planner's public entry points, as ``rljax plan`` (rljax/tools/cli.py) imports them: the one
     place to change if the planner moves."""
     from rljax.tools.plan import format_report, plan_run
 

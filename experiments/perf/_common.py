@@ -7,7 +7,7 @@
   device, measured in the same run as the benchmark (the machine's peak moves with its load, so a
   number measured in another run is not a fair denominator).
 - ``peak_rss_mib``: this process's peak resident memory so far.
-- ``markdown_table``, ``environment``, ``write_json``: reporting, re-exported from ``rljax.reporting``.
+- ``markdown_table``, ``environment``, ``write_json``: reporting, re-exported from ``rljax.tools.reporting``.
 
 These are benchmarks, not tests: numbers on a shared machine move by tens of percent between runs,
 so compare numbers taken in the same run, interleaved where possible.
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.reporting import environment, markdown_table, write_json  # noqa: F401 (re-exported)
+from rljax.tools.reporting import environment, markdown_table, write_json  # noqa: F401 (re-exported)
 
 
 def thread_count() -> int:

@@ -403,7 +403,7 @@ def ensure_hf_dir(path: str) -> str:
     """A Hugging Face directory of the registered GGUF (float32), written once by ``rljax convert``."""
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         print(f"converting {MODEL_NAME} to {path} (rljax convert)", flush=True)
-        subprocess.run([sys.executable, "-m", "rljax.cli", "convert", MODEL_NAME, path], check=True)
+        subprocess.run([sys.executable, "-m", "rljax", "convert", MODEL_NAME, path], check=True)
     return path
 
 

@@ -58,7 +58,7 @@ from rljax.algorithms import grpo  # noqa: E402
 from rljax.batches import RolloutBatch  # noqa: E402
 from rljax.models import load  # noqa: E402
 from rljax.models.lora import add_lora, lora_trainable  # noqa: E402
-from rljax.reporting import markdown_table  # noqa: E402
+from rljax.tools.reporting import markdown_table  # noqa: E402
 from rljax.update import apply_update  # noqa: E402
 
 SHAPES = {"tiny": dict(rows=16, prompt=32, completion=32), "main": dict(rows=16, prompt=64, completion=86)}

@@ -26,7 +26,7 @@ problem (``invalid="error"``), or are dropped and counted under ``dropped/<reaso
 (:class:`~rljax.data.loading.MissingColumnError`): it is a misnamed column, not a bad row.
 
 Building a DPO set from a verifier or a reward model by sampling (``rljax pairs``) runs the
-sampler, so it lives above the data layer, in ``rljax.pairs``; it keeps the best and the worst
+sampler, so it lives above the data layer, in ``rljax.tools.pairs``; it keeps the best and the worst
 completion of each prompt with :func:`best_vs_worst_pairs`.
 """
 
@@ -435,4 +435,4 @@ def tokenize_response(tokenizer: Any, text: str, *, append_eos: bool) -> list[in
 
 
 if __name__ == "__main__":  # the sampling pair builder moved above the data layer
-    raise SystemExit("the pair builder is `rljax pairs CONFIG OUT.jsonl ...` (or python -m rljax.pairs) now")
+    raise SystemExit("the pair builder is `rljax pairs CONFIG OUT.jsonl ...` (or python -m rljax.tools.pairs) now")

@@ -46,11 +46,11 @@ import numpy as np
 
 from rljax.batches import pad_sequences
 from rljax.buckets import bucket_length
+from rljax.distributed import place_batch, to_host
 from rljax.environments.base import Environment
 from rljax.rewards.base import RewardOutput, reward_metrics
 from rljax.rollout import Rollout
 from rljax.sampling import SamplingConfig, generate
-from rljax.sharding import place_batch, to_host
 
 __all__ = ["Episode", "episode_examples", "episode_metrics", "episodes_rollout", "run_episodes", "turn_sampler"]
 
@@ -103,7 +103,7 @@ def turn_sampler(policy, sampling: SamplingConfig, key: jax.Array) -> TurnSample
     """The sampler for :func:`run_episodes`: ``rljax.sampling.generate`` with ``policy`` (an nnx
     ``Transformer`` or its split state), key ``fold_in(key, turn)`` for turn ``turn``."""
     def sample(prompt_ids, prompt_mask, turn):
-        # rows split over the active mesh (rljax.sharding.place_batch), back whole on the host
+        # rows split over the active mesh (rljax.distributed.place_batch), back whole on the host
         ids, mask = place_batch((prompt_ids, prompt_mask))
         out = jax.tree.map(to_host, generate(policy, ids, mask, jax.random.fold_in(key, turn), sampling))
         return out.tokens, out.mask, out.logprobs, out.finished

@@ -23,20 +23,15 @@ from rljax.rewards.shaping import (
     make_overlong_reward,
     soft_overlong_punishment,
 )
-from rljax.rewards.verifiers import (
-    answer_score,
-    answers_match,
-    countdown_score,
-    extract_answer,
-    extract_tag,
+from rljax.rewards.answers import answer_score, answers_match, extract_answer, extract_tag, make_answer_reward
+from rljax.rewards.countdown import countdown_score, make_countdown_reward
+from rljax.rewards.formats import (
     has_answer_tag,
-    make_answer_reward,
     make_answer_tag_format_reward,
-    make_countdown_reward,
     make_format_reward,
-    make_reasoning_gym_reward,
     think_answer_format,
 )
+from rljax.rewards.reasoning_gym import make_reasoning_gym_reward
 
 __all__ = [
     "judge_metrics",

@@ -26,7 +26,9 @@ that the item is counted like one the parent stopped.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 import os
 import resource
 import signal
@@ -38,6 +40,10 @@ import weakref
 from collections import Counter, deque
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
 
 REASONS = ("timeout", "memory", "crash")
 _START_TIMEOUT_SECONDS = 300.0  # an interpreter plus sympy on a busy host; beyond this the environment is broken
@@ -353,4 +359,38 @@ def bound_hit_metrics(functions: Mapping[str, Any], prefix: str = "reward/") -> 
     return metrics
 
 
-__all__ = ["REASONS", "BoundHit", "BoundedPool", "Outcome", "bound_hit_metrics", "check_bounds", "shared_pool"]
+# ---------------------------------------------------------------------------------------------
+# What the bounded rewards (answer, reasoning_gym) share
+
+def record_outcomes(rows: list[int], outcomes, out: np.ndarray, errors: list, bound_hits: Counter) -> None:
+    """Write a bounded pool's outcomes into ``out`` at ``rows``: the value; NaN (missing) for a scorer
+    that raised, noted in ``errors``; 0.0 for a bound hit, counted in ``bound_hits`` by reason."""
+    for i, outcome in zip(rows, outcomes):
+        if outcome.reason is None:
+            out[i] = float(outcome.value)
+        elif outcome.reason == "error":
+            out[i] = np.nan
+            errors.append((i, outcome.error))
+        else:
+            bound_hits[outcome.reason] += 1  # out[i] stays 0.0
+
+
+def pool_for(name: str, preload: tuple[str, ...], options: Mapping[str, Any]):
+    """A function returning the shared pool for `options` (started on the first sample that needs it);
+    the options are checked now."""
+    try:
+        check_bounds(**options)
+    except ValueError as exc:
+        raise ValueError(f"{name} reward: {exc}") from None
+    return functools.partial(shared_pool, preload=preload, **options)
+
+
+def warn_errors(name: str, errors: list[tuple[int, str]], n: int) -> None:
+    if errors:
+        index, message = errors[0]
+        logger.warning("reward %r raised on %d of %d samples (scored NaN); first at sample %d: %s",
+                       name, len(errors), n, index, message)
+
+
+__all__ = ["REASONS", "BoundHit", "BoundedPool", "Outcome", "bound_hit_metrics", "check_bounds", "pool_for",
+           "record_outcomes", "shared_pool", "warn_errors"]

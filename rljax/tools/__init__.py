@@ -1,1 +1,1 @@
-"""Command tools: what the ``rljax`` commands run on top of the library (``rljax plan``)."""
+"""Command-line tools: cli, plan, sweep, compare, pairs, plots, reporting."""

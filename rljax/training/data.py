@@ -26,7 +26,7 @@ from rljax.data.tasks import make_task, question_split
 import rljax.environments  # noqa: F401 - registers its data tasks ("code", "sql") and their rewards
 from rljax.environments.episodes import episode_examples
 from rljax.errors import MissingFileError, UserError
-from rljax.rollout import PromptFormat, render_prompt
+from rljax.data.prompts import PromptFormat, render_prompt
 from rljax.run_config import RunConfig
 
 
@@ -116,7 +116,7 @@ def check_prompts(rows: list[dict], tokenizer, fmt: PromptFormat, *, source: str
                   column: str = "prompt") -> tuple[list[dict], int]:
     """The rows of ``source`` whose ``"prompt"`` the sampler can take, and how many were dropped.
 
-    Each prompt is rendered and tokenised as ``rljax.rollout.encode_prompts`` does (``fmt``). A prompt
+    Each prompt is rendered and tokenised as ``rljax.data.prompts.encode_prompts`` does (``fmt``). A prompt
     that is null, neither a string nor a list of chat messages, empty, fails to render or renders to
     zero tokens raises ``ValueError``; one over ``fmt.max_prompt_length`` tokens raises with
     ``fmt.too_long == "error"`` and is dropped (counted) with ``"filter"``. Errors read

@@ -23,12 +23,11 @@ from flax import nnx
 
 from rljax.algorithms import get as get_algorithm
 from rljax.config import load_config
-from rljax.distributed import is_main_process
+from rljax.distributed import is_main_process, to_host
 from rljax.errors import MissingFileError
 from rljax.models.hf_io import save_hf_dir
 from rljax.models.peft_io import save_peft_adapter
 from rljax.run_config import RunConfig
-from rljax.sharding import to_host
 from rljax.training.run import Run, build_run
 from rljax.training.spec import run_spec
 

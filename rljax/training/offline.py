@@ -32,8 +32,9 @@ from rljax.data.batching import PromptIterator, default_buckets, pad_token_id
 from rljax.data.encoded import EncodedSet
 from rljax.data.kinds import collate, get_kind
 from rljax.data.prompts import format_prompt
+from rljax.distributed import place_batch, to_host
 from rljax.run_config import RunConfig
-from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
+from rljax.sharding import keep_shardings, shardings_of
 from rljax.training import loop
 from rljax.training.data import offline_rows
 from rljax.training.export import export_run
@@ -181,7 +182,7 @@ class OfflineTrainer:
                        prompt_buckets=self.prompt_buckets, completion_buckets=self.completion_buckets, rows=rows)
 
     def _placed(self, batch):
-        """A host batch on the run's mesh, rows split over its batch axes (``rljax.sharding.place_batch``)."""
+        """A host batch on the run's mesh, rows split over its batch axes (``rljax.distributed.place_batch``)."""
         return place_batch(batch, self.run.mesh, self.run.rules)
 
     def _score_set(self, data: EncodedSet, params) -> tuple[np.ndarray, np.ndarray]:

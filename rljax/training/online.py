@@ -36,7 +36,8 @@ from rljax.algorithms import get as get_algorithm
 from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
-from rljax.distributed import is_main_process
+from rljax.data.prompts import PromptFormat
+from rljax.distributed import is_main_process, place_batch, to_host
 from rljax.environments.base import environment_factory
 from rljax.environments.episodes import episode_metrics, episodes_rollout, run_episodes, turn_sampler
 from rljax.errors import UserError
@@ -48,9 +49,9 @@ from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
-from rljax.rollout import PromptFormat, Rollout, concat_rollouts, packing_group, rollout, sampling_config
+from rljax.rollout import Rollout, concat_rollouts, packing_group, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sharding import keep_shardings, place_batch, shardings_of, to_host
+from rljax.sharding import keep_shardings, shardings_of
 from rljax.training import loop
 from rljax.training.data import online_examples
 from rljax.training.export import export_run

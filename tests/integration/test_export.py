@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from rljax import cli  # noqa: E402
+from rljax.tools import cli  # noqa: E402
 from rljax.config import from_yaml  # noqa: E402
 from rljax.models.hf_io import load_hf_dir, model_from_params  # noqa: E402
 from rljax.run_config import RunConfig  # noqa: E402

@@ -1,13 +1,13 @@
-"""rljax.plots.plot_runs and `rljax plot`: a PNG of a run's curves, overlays, the refusals; the
+"""rljax.tools.plots.plot_runs and `rljax plot`: a PNG of a run's curves, overlays, the refusals; the
 end-of-run RUN_DIR/curves.png (rljax.training.loop.write_curves) and that a plot failure warns."""
 
 import json
 
 import pytest
 
-from rljax import cli
+from rljax.tools import cli
 from rljax.errors import UserError
-from rljax.plots import plot_keys, plot_runs
+from rljax.tools.plots import plot_keys, plot_runs
 from rljax.run_config import TrainSection
 from rljax.training.loop import write_curves
 

@@ -190,7 +190,7 @@ def test_offline_config_fields_and_errors():
 
 
 def test_pair_builder_samples_scores_and_keeps_best_and_worst(tmp_path):
-    from rljax import cli, pairs
+    from rljax.tools import cli, pairs
     from tests._tiny import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path / "model")

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-import rljax.cli
+import rljax.tools.cli
 from rljax.errors import MissingFileError, UserError
 from rljax.rewards import build_rewards, make_python_reward, trl_reward_kwargs
 from tests._tiny import make_tiny_model_dir
@@ -154,7 +154,7 @@ rewards:
   format: {{type: python, function: "{TUTORIAL_FILE}:format_reward", weight: 0.2}}
   accuracy: {{type: python, function: "tests._trl_tutorial_rewards:accuracy_reward", weight: 1.0}}
 """)
-    assert rljax.cli.main(["train", str(config)]) == 0
+    assert rljax.tools.cli.main(["train", str(config)]) == 0
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         step = [m for m in map(json.loads, f) if "reward/accuracy/mean" in m]
     assert len(step) == 1

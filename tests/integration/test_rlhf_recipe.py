@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from rljax.cli import main as cli_main
+from rljax.tools.cli import main as cli_main
 from rljax.config import load_config
 from rljax.run_config import RunConfig
 from rljax.training import trainer_for

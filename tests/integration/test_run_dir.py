@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import cli
+from rljax.tools import cli
 from rljax.checkpoint import Checkpointer, CheckpointReadError
 from rljax.config import from_yaml, save_config
 from rljax.run_config import RunConfig

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from rljax.cli import main
-from rljax.compare import compare, paired_bootstrap, write_compare
-from rljax.sweep import (SweepError, parse_grid, parse_seeds, plan_sweep, read_manifest, run_status, run_sweep,
+from rljax.tools.cli import main
+from rljax.tools.compare import compare, paired_bootstrap, write_compare
+from rljax.tools.sweep import (SweepError, parse_grid, parse_seeds, plan_sweep, read_manifest, run_status, run_sweep,
                          setting_name, sweep_failures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,7 +20,7 @@ GRID = {"algorithm.reduction": ["token_mean", "seq_mean_token_mean"]}
 
 
 class FakeRunner:
-    """Stands in for ``python -m rljax.cli train``: writes what a finished run leaves (a checkpoint
+    """Stands in for ``python -m rljax train``: writes what a finished run leaves (a checkpoint
     step, metrics.jsonl with eval/reward = 0.1 * seed (+ 0.25 for seq_mean_token_mean), summary.json),
     or exits with ``codes[run_name]`` leaving a checkpoint of step 1 only."""
 
@@ -136,7 +136,7 @@ def test_an_interrupted_run_stops_the_sweep_and_the_cli_reports_failures(tmp_pat
     assert len(runner.calls) == 2 and records[1]["status"] == "interrupted"
     assert [r["status"] for r in read_manifest(out)["runs"]] == ["finished", "interrupted", "missing", "missing"]
 
-    import rljax.sweep as sweep_module
+    import rljax.tools.sweep as sweep_module
     monkeypatch.setattr(sweep_module, "subprocess_runner", FakeRunner(codes={"reduction=token_mean__seed1": 1}))
     code = main(["sweep", CONFIG, "--grid", "algorithm.reduction=token_mean,seq_mean_token_mean", "--seeds", "0,1",
                  "--out", str(out), "train.steps=2"])

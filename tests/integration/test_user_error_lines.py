@@ -5,7 +5,7 @@ weights, a pointwise judge whose tokenizer cannot spell yes / no in one token, a
 import jax.numpy as jnp
 import pytest
 
-import rljax.cli
+import rljax.tools.cli
 from rljax.checkpoint import Checkpointer, CheckpointReadError
 from rljax.data.transcripts import encode_transcripts
 from rljax.errors import UserError
@@ -64,7 +64,7 @@ algorithm: {{name: grpo, group_size: 2, prompts_per_step: 2, micro_batch_size: 4
 train: {{steps: 1, run_dir: {tmp_path / 'run'}, progress: false, plot: false}}
 rewards: {{infinite: {{type: python, function: "{tmp_path / 'inf_reward.py'}:reward"}}}}
 """)
-    assert rljax.cli.main(["train", str(config)]) == 2
+    assert rljax.tools.cli.main(["train", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("rljax train: error: reward function 'infinite' returned inf for sample 0 of 2"), err
     assert not any("Traceback" in line for line in err)

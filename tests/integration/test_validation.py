@@ -15,7 +15,7 @@ from rljax.data import make_task
 from rljax.errors import UserError
 from rljax.models import load
 from rljax.rewards.base import build_rewards
-from rljax.rollout import PromptFormat
+from rljax.data.prompts import PromptFormat
 from rljax.run_config import FewShotExample, RunConfig
 from rljax.training import OnlineTrainer
 from rljax.training.data import check_prompts, online_examples

@@ -16,7 +16,7 @@ import pytest
 
 from rljax.rewards import answer_score, build_rewards, extract_tag, has_answer_tag, make_answer_reward
 from rljax.rewards.bounded import BoundedPool, bound_hit_metrics, shared_pool
-from rljax.rewards.verifiers import normalize_answer
+from rljax.rewards.answers import normalize_answer
 
 BOUNDS = dict(time_limit_seconds=3.0, memory_limit_mb=512, workers=2)
 TOWER = "10^{10^{10^{10}}}"  # sympy computes this power in C: ~15 s and 8.5 GB unbounded
@@ -24,7 +24,7 @@ TOWER = "10^{10^{10^{10}}}"  # sympy computes this power in C: ~15 s and 8.5 GB 
 
 @pytest.fixture(scope="module")
 def pool():
-    return shared_pool(**BOUNDS, preload=("rljax.rewards.verifiers", "math_verify", "sympy"))
+    return shared_pool(**BOUNDS, preload=("rljax.rewards.answers", "math_verify", "sympy"))
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def test_worker_runs_the_reward_package_init_only_when_asked():
     try:
         before, after = own.map(exec, [("import sys; assert 'jax' not in sys.modules",),
                                        ("from rljax.rewards import answer_score, registered_rewards\n"
-                                        "import rljax.rewards.verifiers as v\n"
+                                        "import rljax.rewards.answers as v\n"
                                         "assert answer_score is v.answer_score and 'reward_model' in registered_rewards()",)])
         assert before.reason is None and after.reason is None, (before, after)
     finally:

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-import rljax.cli
+import rljax.tools.cli
 from rljax.config import ConfigError, load_config
 from rljax.errors import MissingFileError, UserError
 from rljax.run_config import RunConfig
@@ -69,7 +69,7 @@ def test_a_data_set_name_that_cannot_be_reached_says_so(monkeypatch):
 
 def test_train_with_a_missing_data_file_ends_with_one_line(tmp_path, capsys):
     missing = str(tmp_path / "trian.jsonl")
-    status = rljax.cli.main(["train", DPO, "data.task=", f"data.path={missing}", f"train.run_dir={tmp_path / 'run'}"])
+    status = rljax.tools.cli.main(["train", DPO, "data.task=", f"data.path={missing}", f"train.run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert status == 2
     assert _last_line(err) == f"rljax train: error: data.path: no such file: {missing}"
@@ -83,7 +83,7 @@ def test_a_yaml_error_in_an_override_names_the_override(capsys):
     with pytest.raises(ConfigError, match=r"override 'algorithm.group_size=\[1,': algorithm.group_size: "
                                           r"the value '\[1,' is not valid YAML"):
         load_config(RunConfig, GRPO, ["algorithm.group_size=[1,"])
-    assert rljax.cli.main(["train", GRPO, "algorithm.group_size=[1,"]) == 2
+    assert rljax.tools.cli.main(["train", GRPO, "algorithm.group_size=[1,"]) == 2
     assert _last_line(capsys.readouterr().err).startswith(
         "rljax train: error: override 'algorithm.group_size=[1,': algorithm.group_size: ")
 
@@ -116,7 +116,7 @@ def test_the_readme_form_survives_a_shell():
     # the unquoted form loses its quotes in the shell and still means the empty string
     assert _shell_words('data.task="" data.path=OUT.jsonl') == ["data.task=", "data.path=OUT.jsonl"]
     assert load_config(RunConfig, DPO, _shell_words('data.task="" data.path=OUT.jsonl')).data.task == ""
-    help_text = rljax.cli.build_parser()._subparsers._group_actions[0].choices["pairs"].format_help()
+    help_text = rljax.tools.cli.build_parser()._subparsers._group_actions[0].choices["pairs"].format_help()
     assert "'data.task=\"\"' data.path=OUT.jsonl" in " ".join(help_text.split())
 
 
@@ -125,14 +125,14 @@ def test_the_readme_form_survives_a_shell():
 
 def test_eval_checkpoint_typo_creates_nothing_and_names_the_directory(tmp_path, capsys):
     typo = tmp_path / "rnus" / "grpo"
-    assert rljax.cli.main(["eval", GRPO, "--checkpoint", str(typo)]) == 2
+    assert rljax.tools.cli.main(["eval", GRPO, "--checkpoint", str(typo)]) == 2
     err = capsys.readouterr().err
     assert _last_line(err) == f"rljax eval: error: --checkpoint {typo}: no such run directory"
     assert not (tmp_path / "rnus").exists() and "--resume" not in err
 
     empty = tmp_path / "run"
     empty.mkdir()
-    assert rljax.cli.main(["eval", GRPO, "--checkpoint", str(empty)]) == 2
+    assert rljax.tools.cli.main(["eval", GRPO, "--checkpoint", str(empty)]) == 2
     err = capsys.readouterr().err
     assert _last_line(err) == f"rljax eval: error: --checkpoint {empty}: no checkpoint in {empty / 'checkpoints'}"
     assert os.listdir(empty) == [] and "--resume" not in err
@@ -159,7 +159,7 @@ def test_eval_checkpoint_typo_creates_nothing_and_names_the_directory(tmp_path, 
 def test_generate_refuses_bad_flags_before_loading_a_model(capsys, flag, value, message):
     argv = ["generate", "--model", "no-such-model"] + (["--prompt", "hi"] if flag != "--prompt" else [])
     with pytest.raises(SystemExit) as exit_info:
-        rljax.cli.main([*argv, f"{flag}={value}"])
+        rljax.tools.cli.main([*argv, f"{flag}={value}"])
     assert exit_info.value.code == 2
     assert _last_line(capsys.readouterr().err).startswith(f"rljax generate: error: {message}")
 
@@ -169,13 +169,13 @@ def test_generate_refuses_bad_flags_before_loading_a_model(capsys, flag, value, 
 
 def test_user_error_is_one_line_and_status_2_unless_rljax_traceback(tmp_path, capsys, monkeypatch):
     missing = tmp_path / "nope.yaml"
-    assert rljax.cli.main(["train", str(missing)]) == 2
+    assert rljax.tools.cli.main(["train", str(missing)]) == 2
     err = capsys.readouterr().err
     assert err == f"rljax train: error: no such config file: {missing}\n"
     monkeypatch.setenv("RLJAX_TRACEBACK", "1")
     with pytest.raises(MissingFileError, match="no such config file"):
-        rljax.cli.main(["train", str(missing)])
-    assert "RLJAX_TRACEBACK=1" in rljax.cli.build_parser().format_help()
+        rljax.tools.cli.main(["train", str(missing)])
+    assert "RLJAX_TRACEBACK=1" in rljax.tools.cli.build_parser().format_help()
 
 
 def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
@@ -186,20 +186,20 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
 
     monkeypatch.setattr(rljax.config, "load_config", broken)
     with pytest.raises(ValueError, match="a bug") as info:
-        rljax.cli.main(["train", GRPO])
+        rljax.tools.cli.main(["train", GRPO])
     assert not isinstance(info.value, UserError)
 
 
 _TEARDOWN_NOISE = textwrap.dedent("""
     import sys
-    import rljax.cli
+    import rljax.tools.cli
 
     class LeftBehind:  # like orbax's writer coroutines after a failed save: finalised at exit
         def __del__(self):
             raise ImportError("sys.meta_path is None, Python is likely shutting down")
 
     left_behind = LeftBehind()  # held by a module: finalised when the interpreter shuts down
-    sys.exit(rljax.cli.main(sys.argv[1:]) if len(sys.argv) > 1 else 1)
+    sys.exit(rljax.tools.cli.main(sys.argv[1:]) if len(sys.argv) > 1 else 1)
 """)
 
 
@@ -218,7 +218,7 @@ def test_teardown_noise_does_not_follow_the_error(tmp_path):
 _DISK_FULL = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    import rljax.cli
+    import rljax.tools.cli
     from rljax.rewards.base import register_reward
 
     def lowercase(completions, examples):
@@ -227,7 +227,7 @@ _DISK_FULL = textwrap.dedent("""
     register_reward("lowercase_batch", lambda: lowercase, overwrite=True)
     limit = 200 * 1024  # bytes per file: the config and metrics fit, a checkpoint's arrays do not
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    sys.exit(rljax.cli.main(["train", sys.argv[1]]))
+    sys.exit(rljax.tools.cli.main(["train", sys.argv[1]]))
 """)
 
 
@@ -261,9 +261,9 @@ _NO_TORCH = textwrap.dedent("""
     if sys.argv[1] == "import":
         import transformers
     else:
-        import rljax.cli
-        assert "transformers" not in sys.modules, "importing rljax.cli imported transformers"
-        sys.exit(rljax.cli.main(sys.argv[1:]))
+        import rljax.tools.cli
+        assert "transformers" not in sys.modules, "importing rljax.tools.cli imported transformers"
+        sys.exit(rljax.tools.cli.main(sys.argv[1:]))
 """)
 
 

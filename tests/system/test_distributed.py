@@ -66,7 +66,7 @@ def test_a_lost_process_is_one_line_naming_it_and_the_resume_command(monkeypatch
 
     gloo = jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] "
                                       "Connection closed by peer [127.0.0.1]:62692")
-    argv = ["/repo/rljax/cli.py", "train", "run.yaml", "--num-processes", "2", "--process-id", "1"]
+    argv = ["/repo/rljax/tools/cli.py", "train", "run.yaml", "--num-processes", "2", "--process-id", "1"]
     assert lost_process_line(gloo, argv=argv) is None  # one process: nothing was lost
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
@@ -75,6 +75,9 @@ def test_a_lost_process_is_one_line_naming_it_and_the_resume_command(monkeypatch
         "transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:62692): it stopped or died, so the run "
         "cannot go on; restart every process (each with its own --process-id) with --resume: rljax train run.yaml "
         "--num-processes 2 --process-id 1 --resume")
+    # python -m rljax: argv[0] is the package's __main__.py, and the command is still `rljax ...`
+    main_argv = ["/repo/rljax/__main__.py", *argv[1:]]
+    assert lost_process_line(gloo, argv=main_argv).endswith(": rljax train run.yaml --num-processes 2 --process-id 1 --resume")
     # wrapped by the caller: still found; a reward's own network error is not a lost process
     try:
         try:

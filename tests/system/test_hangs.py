@@ -1,7 +1,7 @@
 """Multi-process runs never hang: two-process GRPO runs under a CPU burner, a killed process, the
 watchdog on an injected hang (``rljax.training.watchdog``) and SIGTERM during one.
 
-Every run here is a `python -m rljax.cli train` subprocess of the tiny model; each wait is bounded
+Every run here is a `python -m rljax train` subprocess of the tiny model; each wait is bounded
 (a hang guard whose expiry fails the test with the processes' stacks, tests/_processes.py).
 """
 
@@ -60,7 +60,7 @@ def _config(tmp_path, model_dir, *, steps=2, rewards=LENGTH):
 
 
 def _two_process_argv(config, run_dir, port, *args):
-    return [[sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}", "mesh.fsdp=4",
+    return [[sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}", "mesh.fsdp=4",
              "mesh.tensor=2", *args, "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
              "--process-id", str(i)] for i in range(2)]
 
@@ -136,7 +136,7 @@ def test_the_watchdog_ends_a_hung_step_with_every_thread_stack(model_dir, tmp_pa
     config, marker = _hanging_config(tmp_path, model_dir, block_at=1)
     run_dir = tmp_path / "run"
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}",
+    result = subprocess.run([sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}",
                              "train.hang_timeout_s=90"], capture_output=True, text=True, env=_env(1), cwd=REPO,
                             timeout=900)
     assert marker.exists(), result.stderr[-3000:]  # it hung where the test made it hang
@@ -157,7 +157,7 @@ def test_sigterm_during_a_hung_step_exits_within_the_stop_timeout(model_dir, tmp
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "rljax.cli", "train", str(config),
+        proc = subprocess.Popen([sys.executable, "-m", "rljax", "train", str(config),
                                  f"train.run_dir={run_dir}", "train.stop_timeout_s=10"],
                                 stdout=f, stderr=subprocess.STDOUT, env=_env(1), cwd=REPO)
     try:

@@ -14,7 +14,7 @@ from rljax import host_memory
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 # Everything rljax's top-level package and the CLI module import, then the state of the settings.
-IMPORT_ONLY = "import rljax, rljax.cli, rljax.host_memory as h; print(h.applied())"
+IMPORT_ONLY = "import rljax, rljax.tools.cli, rljax.host_memory as h; print(h.applied())"
 IMPORT_AND_CALL = "import rljax.host_memory as h; print(h.keep_host_memory(), h.applied())"
 
 
@@ -38,12 +38,12 @@ def test_the_call_applies_the_settings_and_the_switch_turns_them_off():
 @pytest.mark.skipif(not GLIBC, reason="the settings exist only for glibc's malloc")
 def test_the_cli_applies_them_for_online_runs_only(tmp_path):
     """Online train / eval: applied (before the model is loaded, which fails here); offline runs (their
-    batches change width step to step, and the never-trimmed heap grew: rljax.cli) and convert: not."""
+    batches change width step to step, and the never-trimmed heap grew: rljax.tools.cli) and convert: not."""
     online, offline = tmp_path / "online.yaml", tmp_path / "offline.yaml"
     online.write_text("model: {name: /nonexistent/model}\nrewards: {format: 1.0}\n")
     offline.write_text("model: {name: /nonexistent/model}\nalgorithm: {name: sft}\n"
                        "data: {task: '', path: /nonexistent/train.jsonl}\n")
-    probe = ("import rljax.cli as c, rljax.host_memory as h\n"
+    probe = ("import rljax.tools.cli as c, rljax.host_memory as h\n"
              "try:\n    c.main({argv!r})\n"
              "except (Exception, SystemExit):\n    pass\n"
              "print(h.applied())")

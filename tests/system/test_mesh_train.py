@@ -3,7 +3,7 @@ PPO) or two (GRPO: jax.distributed over gloo, 127.0.0.1), and resumed from 4 dev
 equals the one-device run.
 
 The one-device run is this process's (the test suite sees one CPU device); the others are
-`python -m rljax.cli train` in subprocesses with XLA_FLAGS=--xla_force_host_platform_device_count=N
+`python -m rljax train` in subprocesses with XLA_FLAGS=--xla_force_host_platform_device_count=N
 (the device count is fixed when jax is imported). Same config, same seed: every metric in
 metrics.jsonl (float32, 1e-5) and every final parameter (RUN_DIR/model) must agree.
 """
@@ -75,7 +75,7 @@ def _env(devices):
 
 def _train(config, run_dir, *args, devices=8):
     """`rljax train CONFIG train.run_dir=RUN_DIR ARGS` in a process that sees ``devices`` CPU devices."""
-    result = subprocess.run([sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}",
+    result = subprocess.run([sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}",
                              *args], capture_output=True, text=True, env=_env(devices), cwd=REPO,
                             timeout=1800)  # a hang guard, not a time limit
     assert result.returncode == 0, result.stderr[-3000:]
@@ -86,7 +86,7 @@ def _train_two_processes(config, run_dir, *args):
     """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1 (idle: 35 s)."""
     os.makedirs(f"{run_dir}.logs")
     outs = run_joined(lambda port: [
-        [sys.executable, "-m", "rljax.cli", "train", str(config), f"train.run_dir={run_dir}", *args,
+        [sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}", *args,
          "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
         for i in range(2)], f"{run_dir}.logs", env=_env(4), cwd=REPO)
     return outs[0]

@@ -25,7 +25,7 @@ def test_scratchpads_state_the_sum_in_every_style(a, b):
         assert answer == a + b
         assert ap.style_of(text) == ("verbose" if any(verbose[: len(str(max(a, b))) + 1]) else "terse")
         # the reward's reading: the last number of the completion
-        from rljax.rewards.verifiers import last_number
+        from rljax.rewards.answers import last_number
         assert last_number(text) == str(a + b), text
         lengths.append(len(text))
     assert max(lengths) > 1.5 * min(lengths)  # words make the same scratchpad longer

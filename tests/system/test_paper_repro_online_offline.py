@@ -47,7 +47,7 @@ def test_scripted_samples_are_the_task_answers_with_some_corrupted():
     prompts = [{"prompt": "47+85="}, {"prompt": "10+99="}]
     texts = ovo.scripted_samples(spec, prompts, 200, p_slip=0.5, seed=3)
     assert len(texts) == 400
-    from rljax.rewards.verifiers import last_number
+    from rljax.rewards.answers import last_number
 
     right = np.array([last_number(t) == ("132" if i < 200 else "109") for i, t in enumerate(texts)])
     # a slip changes the stated answer (column sums move by ±1; a direct answer by ±10)

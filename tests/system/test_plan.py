@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rljax.cli import main
+from rljax.tools.cli import main
 from rljax.tools.plan import cuda_plugin_installed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,7 +65,7 @@ def _per_chip_param_bytes() -> int:
 def _run_cli(args, tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "rljax.cli", "plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rljax", "plan", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path)
 
 

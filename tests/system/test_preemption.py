@@ -254,7 +254,7 @@ def test_a_non_finite_stop_after_applied_updates_saves_nothing(tiny_dir, tmp_pat
 
 
 def _train_cmd(config, *extra):
-    return [sys.executable, "-m", "rljax.cli", "train", str(config), *extra]
+    return [sys.executable, "-m", "rljax", "train", str(config), *extra]
 
 
 def _env(tmp_path):

@@ -93,7 +93,7 @@ def test_greedy_generation_matches_transformers(both):
 
 def test_generate_cli_runs_on_the_embedded_model():
     result = subprocess.run(
-        [sys.executable, "-m", "rljax.cli", "generate", "--prompt", "What is 12+35?", "--chat",
+        [sys.executable, "-m", "rljax", "generate", "--prompt", "What is 12+35?", "--chat",
          "--max-new-tokens", "8"],
         capture_output=True, text=True, timeout=1800,  # a hang guard
     )
@@ -104,7 +104,7 @@ def test_generate_cli_runs_on_the_embedded_model():
 def test_convert_writes_a_directory_transformers_and_rljax_load(tmp_path, both):
     ours, tokenizer, reference = both
     result = subprocess.run(
-        [sys.executable, "-m", "rljax.cli", "convert", "smollm2-135m-instruct", str(tmp_path)],
+        [sys.executable, "-m", "rljax", "convert", "smollm2-135m-instruct", str(tmp_path)],
         capture_output=True, text=True, timeout=1800,  # a hang guard
     )
     assert result.returncode == 0, result.stderr

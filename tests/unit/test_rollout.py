@@ -13,7 +13,8 @@ from rljax.logprobs import completion_logprobs
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import init_model
 from rljax.rewards.base import RewardSet, per_sample
-from rljax.rollout import PromptFormat, concat_rollouts, encode_prompts, rollout, stop_token_ids
+from rljax.data.prompts import PromptFormat, encode_prompts
+from rljax.rollout import concat_rollouts, rollout, stop_token_ids
 from rljax.sampling import SamplingConfig, generate
 from tests._tiny import tiny_tokenizer
 

@@ -2,7 +2,7 @@
 
     plan = plan_sweep("configs/grpo_smollm2_arith.yaml", grid={"algorithm.reduction": ["token_mean",
                       "seq_mean_token_mean"]}, seeds=[0, 1, 2], out="runs/sweeps/grpo_smollm2_arith")
-    results = run_sweep(plan)          # each run: python -m rljax.cli train CONFIG ... in a subprocess
+    results = run_sweep(plan)          # each run: python -m rljax train CONFIG ... in a subprocess
 
 The sweep directory holds one run directory per (setting, seed), named for both
 (``algorithm.reduction=token_mean__seed0``), and ``sweep.json``: the config (path and SHA-256),
@@ -213,7 +213,7 @@ def train_argv(plan: SweepPlan, run: PlannedRun, status: str) -> list[str]:
 
 
 def subprocess_runner(argv: list[str], log_path: str) -> int:
-    """Run ``python -m rljax.cli *argv`` with this process's interpreter and rljax, its output
+    """Run ``python -m rljax *argv`` with this process's interpreter and rljax, its output
     appended to ``log_path``; returns the exit status. Waits for the child on Ctrl-C (the child got
     the signal too and is saving a checkpoint) and returns its status."""
     import rljax
@@ -225,7 +225,7 @@ def subprocess_runner(argv: list[str], log_path: str) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} rljax {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "rljax.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-m", "rljax", *argv], stdout=log, stderr=subprocess.STDOUT,
                                 env=env)
 
         def forward(signum, frame):  # SIGTERM (a scheduler) or SIGHUP (a closed terminal) to the sweep:

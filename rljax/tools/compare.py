@@ -26,7 +26,7 @@ import numpy as np
 
 from rljax.errors import UserError
 from rljax.metrics_log import METRICS_FILE, read_jsonl
-from rljax.reporting import markdown_table, mean_std, write_json
+from rljax.tools.reporting import markdown_table, mean_std, write_json
 
 
 class CompareError(UserError):
@@ -80,7 +80,7 @@ def final_and_best(rows: Sequence[dict], key: str) -> tuple[float, float] | None
 def collect_runs(paths: Sequence[str]) -> tuple[list[dict], str | None]:
     """``[{"run_dir", "setting", "seed"}]`` from one sweep directory or several run directories, and
     the default baseline setting (the sweep's first grid combination, or the first run's setting)."""
-    from rljax.sweep import MANIFEST, read_manifest, setting_name, settings
+    from rljax.tools.sweep import MANIFEST, read_manifest, setting_name, settings
 
     if len(paths) == 1 and (Path(paths[0]) / MANIFEST).is_file():
         manifest = read_manifest(paths[0])
@@ -148,9 +148,9 @@ def compare(paths: Sequence[str], *, baseline: str | None = None, metrics: Seque
 
 def write_compare(result: dict, out_dir: str | os.PathLike) -> tuple[Path, Path, Path]:
     """Write ``compare.md``, ``compare.json`` and ``curves.png`` (every run's curves overlaid, one
-    line per run labelled ``setting seed N``: ``rljax.plots.plot_runs``) into ``out_dir``; returns
+    line per run labelled ``setting seed N``: ``rljax.tools.plots.plot_runs``) into ``out_dir``; returns
     their paths."""
-    from rljax.plots import plot_runs
+    from rljax.tools.plots import plot_runs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,8 @@ def _generate(args) -> int:
     import jax
     from rljax.data.batching import pad_token_id
     from rljax.models import dtype_from_name, load
-    from rljax.rollout import PromptFormat, rollout, stop_token_ids
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, stop_token_ids
     from rljax.sampling import SamplingConfig
 
     if args.step is not None and not args.checkpoint:
@@ -252,7 +253,7 @@ def _add_plot(sub) -> None:
 
 
 def _plot(args) -> int:
-    from rljax.plots import CURVES_FILE, plot_runs
+    from rljax.tools.plots import CURVES_FILE, plot_runs
 
     if args.out is None:
         if len(args.run_dirs) > 1:
@@ -416,7 +417,7 @@ def _check_checkpoint(run_dir: str, flag: str = "--checkpoint") -> None:
 
 
 def _add_pairs(sub) -> None:
-    from rljax.pairs import DESCRIPTION, add_arguments
+    from rljax.tools.pairs import DESCRIPTION, add_arguments
 
     p = sub.add_parser("pairs", help="build preference pairs: best vs worst of N samples under the config's rewards",
                        description=DESCRIPTION + " Train on them with algorithm.name=dpo 'data.task=\"\"' "
@@ -426,12 +427,12 @@ def _add_pairs(sub) -> None:
 
 
 def _pairs(args) -> int:
-    from rljax.pairs import run
+    from rljax.tools.pairs import run
 
     return run(args)
 
 
-# --- rljax sweep / rljax compare (rljax/sweep.py, rljax/compare.py) ---
+# --- rljax sweep / rljax compare (rljax/tools/sweep.py, rljax/tools/compare.py) ---
 
 def _add_sweep(sub) -> None:
     p = sub.add_parser(
@@ -456,7 +457,7 @@ def _add_sweep(sub) -> None:
 
 
 def _sweep(args) -> int:
-    from rljax.sweep import parse_grid, parse_seeds, plan_sweep, run_sweep, sweep_failures
+    from rljax.tools.sweep import parse_grid, parse_seeds, plan_sweep, run_sweep, sweep_failures
 
     plan = plan_sweep(args.config, grid=parse_grid(args.grid), seeds=parse_seeds(args.seeds),
                       overrides=args.overrides, out=args.out)
@@ -491,7 +492,7 @@ def _add_compare(sub) -> None:
 
 
 def _compare(args) -> int:
-    from rljax.compare import compare, write_compare
+    from rljax.tools.compare import compare, write_compare
 
     result = compare(args.paths, baseline=args.baseline, metrics=args.metric)
     out = args.out or (args.paths[0] if len(args.paths) == 1 and os.path.isfile(os.path.join(args.paths[0], "sweep.json"))
@@ -547,7 +548,7 @@ def _plan(args) -> int:
                 # the CPU device count is fixed when JAX starts: plan in a fresh process
                 env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
                            JAX_PLATFORMS="cpu")
-                argv = [sys.executable, "-m", "rljax.cli", "plan", args.config, *args.overrides, "--target",
+                argv = [sys.executable, "-m", "rljax", "plan", args.config, *args.overrides, "--target",
                         args.target] + ([] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)]) \
                     + ([] if args.json is None else ["--json", args.json])
                 return subprocess.run(argv, env=env).returncode

@@ -1,7 +1,8 @@
-"""Verifiable rewards: answer correctness, output format, countdown, reasoning-gym scorers.
+"""Answer correctness (0/1): extracting the answer from a completion and checking it against the gold.
 
-Conventions: correctness and format rewards are 0/1; the countdown reward follows TinyZero
-(0 no `<answer>` tag, 0.1 formatted but wrong, 1.0 correct).
+The other verifiable rewards sit beside it: `rljax.rewards.formats` (output format),
+`rljax.rewards.countdown` (TinyZero's countdown) and `rljax.rewards.reasoning_gym` (reasoning-gym's
+scorers).
 
 Answer checking runs a fast path first: exact match after light normalisation, then exact
 rational comparison when both sides are plain numbers ("47.0" = "47", "1/2" = "0.5",
@@ -21,7 +22,6 @@ never sent to math-verify.
 
 from __future__ import annotations
 
-import ast
 import functools
 import logging
 import re
@@ -33,8 +33,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rljax.rewards.base import RewardFn, check_batch, per_sample, register_reward
-from rljax.rewards.bounded import BoundHit, check_bounds, shared_pool
+from rljax.rewards.base import RewardFn, check_batch, register_reward
+from rljax.rewards.bounded import BoundHit, pool_for, record_outcomes, warn_errors
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # Extraction
 
 
-def _tag_contents(text: str, tag: str):
+def tag_contents(text: str, tag: str):
     """The contents of the `<tag>...</tag>` pairs of `text`, left to right: each opening tag is
     closed by the first closing tag after it, and the next pair starts after that (what
     `re.findall("<tag>(.*?)</tag>", re.DOTALL)` gives). Linear time: every search starts where the
@@ -64,7 +64,7 @@ def _tag_contents(text: str, tag: str):
 def extract_tag(text: str, tag: str = "answer") -> str | None:
     """Content of the last well-formed `<tag>...</tag>` in `text`, stripped; None if there is none."""
     last = None
-    for last in _tag_contents(text, tag):
+    for last in tag_contents(text, tag):
         pass
     return None if last is None else last.strip()
 
@@ -354,7 +354,7 @@ def answer_score(
     ))
 
 
-_MATH_VERIFY_PRELOAD = ("rljax.rewards.verifiers", "math_verify", "sympy")
+_MATH_VERIFY_PRELOAD = ("rljax.rewards.answers", "math_verify", "sympy")
 
 
 def make_answer_reward(
@@ -381,7 +381,7 @@ def make_answer_reward(
     if isinstance(timeout_seconds, bool) or int(timeout_seconds) != timeout_seconds or timeout_seconds < 1:
         raise ValueError(f"answer reward: timeout_seconds must be a whole number >= 1 (signal.alarm), "
                          f"got {timeout_seconds!r}")
-    pool = _bounded_pool("answer", _MATH_VERIFY_PRELOAD, dict(
+    pool = pool_for("answer", _MATH_VERIFY_PRELOAD, dict(
         time_limit_seconds=time_limit_seconds, memory_limit_mb=memory_limit_mb, workers=workers))
     fast_options = dict(allow_expressions=allow_expressions, use_math_verify=use_math_verify,
                         max_answer_chars=max_answer_chars)
@@ -409,8 +409,8 @@ def make_answer_reward(
                 pending.append((i, prediction.strip(), tuple(g.strip() for g, v in zip(golds, verdicts) if v is None)))
         if pending:
             outcomes = pool().map(_math_verify_any, [(p, g, alarm) for _, p, g in pending])
-            _record_outcomes([i for i, *_ in pending], outcomes, out, errors, answer.bound_hits)
-        _warn_errors("answer", errors, len(completions))
+            record_outcomes([i for i, *_ in pending], outcomes, out, errors, answer.bound_hits)
+        warn_errors("answer", errors, len(completions))
         return out
 
     answer.reward_name = "answer"  # type: ignore[attr-defined]
@@ -418,262 +418,9 @@ def make_answer_reward(
     return answer
 
 
-def _record_outcomes(rows: list[int], outcomes, out: np.ndarray, errors: list, bound_hits: Counter) -> None:
-    """Write a bounded pool's outcomes into ``out`` at ``rows``: the value; NaN (missing) for a scorer
-    that raised, noted in ``errors``; 0.0 for a bound hit, counted in ``bound_hits`` by reason."""
-    for i, outcome in zip(rows, outcomes):
-        if outcome.reason is None:
-            out[i] = float(outcome.value)
-        elif outcome.reason == "error":
-            out[i] = np.nan
-            errors.append((i, outcome.error))
-        else:
-            bound_hits[outcome.reason] += 1  # out[i] stays 0.0
-
-
-def _bounded_pool(name: str, preload: tuple[str, ...], options: Mapping[str, Any]):
-    """A function returning the shared pool for `options` (started on the first sample that needs it);
-    the options are checked now."""
-    try:
-        check_bounds(**options)
-    except ValueError as exc:
-        raise ValueError(f"{name} reward: {exc}") from None
-    return functools.partial(shared_pool, preload=preload, **options)
-
-
-def _warn_errors(name: str, errors: list[tuple[int, str]], n: int) -> None:
-    if errors:
-        index, message = errors[0]
-        logger.warning("reward %r raised on %d of %d samples (scored NaN); first at sample %d: %s",
-                       name, len(errors), n, index, message)
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Format
-
-_THINK_ANSWER = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
-_FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-
-
-def think_answer_format(completion: str, *, think_prefilled: bool = False) -> bool:
-    """DeepSeek-R1 format: the whole completion is `<think>…</think><answer>…</answer>`.
-
-    Whitespace around and between the blocks is allowed; each tag must appear exactly once and the
-    answer must not be empty. With `think_prefilled=True` the prompt already ended in `<think>`
-    (as some chat templates do), so the completion starts inside the think block.
-    """
-    text = "<think>" + completion if think_prefilled else completion
-    if any(text.count(t) != 1 for t in _FORMAT_TAGS):
-        return False
-    match = _THINK_ANSWER.fullmatch(text)
-    return bool(match) and bool(match.group(2).strip())
-
-
-def has_answer_tag(completion: str, *, tag: str = "answer") -> bool:
-    """Whether the completion holds at least one non-empty `<answer>…</answer>`."""
-    return any(content.strip() for content in _tag_contents(completion, tag))
-
-
-def make_format_reward(*, think_prefilled: bool = False) -> RewardFn:
-    """Batch reward: 1.0 if `think_answer_format(completion)`, else 0.0."""
-
-    def format(completion: str, example: Mapping[str, Any]) -> float:  # noqa: A001
-        return float(think_answer_format(completion, think_prefilled=think_prefilled))
-
-    return per_sample(format, name="format")
-
-
-def make_answer_tag_format_reward(*, tag: str = "answer") -> RewardFn:
-    """Batch reward: 1.0 if the completion holds a non-empty `<answer>…</answer>`, else 0.0."""
-
-    def answer_tag_format(completion: str, example: Mapping[str, Any]) -> float:
-        return float(has_answer_tag(completion, tag=tag))
-
-    return per_sample(answer_tag_format, name="answer_tag_format")
-
-
-# ---------------------------------------------------------------------------------------------
-# Countdown (TinyZero scoring, with a safe evaluator)
-
-_COUNTDOWN_CHARS = re.compile(r"[\d+\-*/().\s]+")
-_MAX_EXPRESSION_CHARS = 512
-
-
-def countdown_problem(example: Mapping[str, Any]) -> tuple[list[int], int]:
-    """`(numbers, target)` of a countdown example: reasoning-gym rows keep them in `metadata`,
-    TinyZero's dataset in top-level `nums`/`numbers` and `target`."""
-    for source in (example.get("metadata") or {}, example):
-        numbers = source.get("numbers", source.get("nums"))
-        if numbers is not None and "target" in source:
-            return [int(n) for n in numbers], int(source["target"])
-    raise KeyError("countdown example needs 'numbers' (or 'nums') and 'target', at top level or in "
-                   f"'metadata'; it has keys {sorted(example)}")
-
-
-def evaluate_arithmetic(expression: str) -> tuple[Fraction, list[int]]:
-    """Exactly evaluate `expression` built from integers, + - * / and parentheses.
-
-    Returns `(value, integers used)`. Anything else (names, calls, powers, floats) raises
-    ValueError; division by zero raises ZeroDivisionError. Nothing is passed to `eval`.
-    """
-    if len(expression) > _MAX_EXPRESSION_CHARS:
-        raise ValueError(f"expression longer than {_MAX_EXPRESSION_CHARS} characters")
-    tree = ast.parse(expression.strip(), mode="eval")
-    used: list[int] = []
-
-    def ev(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            used.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            value = ev(node.operand)
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            return left / right
-        raise ValueError(f"unsupported syntax in arithmetic expression: {type(node).__name__}")
-
-    return ev(tree), used
-
-
-def countdown_score(
-    completion: str,
-    example: Mapping[str, Any],
-    *,
-    score: float = 1.0,
-    format_score: float = 0.1,
-    no_answer_score: float = 0.0,
-    require_all_numbers: bool = True,
-) -> float:
-    """TinyZero countdown reward (github.com/Jiayi-Pan/TinyZero, `verl/utils/reward_score/countdown.py`).
-
-    `no_answer_score` (0) without an `<answer>` tag; `format_score` (0.1) when the answer is not an
-    expression over exactly the given numbers (each once; `require_all_numbers=False` allows a
-    subset) or does not evaluate to the target; `score` (1.0) when it does.
-    """
-    numbers, target = countdown_problem(example)
-    expression = extract_tag(completion, "answer")
-    if expression is None:
-        return no_answer_score
-    if not _COUNTDOWN_CHARS.fullmatch(expression):
-        return format_score
-    try:
-        value, used = evaluate_arithmetic(expression)
-    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError):
-        return format_score
-    used_count, available = Counter(used), Counter(numbers)
-    if require_all_numbers:
-        numbers_ok = used_count == available
-    else:
-        numbers_ok = all(available[n] >= c for n, c in used_count.items())
-    if not numbers_ok:
-        return format_score
-    return score if value == target else format_score
-
-
-def make_countdown_reward(
-    *,
-    score: float = 1.0,
-    format_score: float = 0.1,
-    no_answer_score: float = 0.0,
-    require_all_numbers: bool = True,
-) -> RewardFn:
-    """Batch reward for countdown tasks (see `countdown_score`)."""
-
-    def countdown(completion: str, example: Mapping[str, Any]) -> float:
-        return countdown_score(completion, example, score=score, format_score=format_score,
-                               no_answer_score=no_answer_score, require_all_numbers=require_all_numbers)
-
-    return per_sample(countdown, name="countdown")
-
-
-# ---------------------------------------------------------------------------------------------
-# reasoning-gym's own scorers
-
-
-@functools.lru_cache(maxsize=None)
-def _reasoning_gym_scorer(dataset_name: str):
-    import reasoning_gym
-
-    return reasoning_gym.get_score_answer_fn(dataset_name)
-
-
-def make_reasoning_gym_reward(
-    *, tag: str = "answer", require_tag: bool = True, dataset: str | None = None,
-    time_limit_seconds: float = 5.0, memory_limit_mb: int = 1024, workers: int = 2,
-) -> RewardFn:
-    """Batch reward from reasoning-gym's `score_answer` for the example's dataset.
-
-    The dataset is `dataset`, else `example["metadata"]["source_dataset"]`, else `example["task"]`;
-    the example must carry reasoning-gym's `answer` and `metadata` (as `make_task` rows do). The
-    answer passed to the scorer is the last `<answer>` tag (None without one, which the scorers
-    score as their minimum). Values follow reasoning-gym (often partial credit, e.g. 0.01 for a wrong
-    answer). Countdown is scored by `countdown_score` with reasoning-gym's values (1.0 / 0.05 / 0.01)
-    because reasoning-gym's countdown scorer runs the model's text through sympy's `parse_expr`,
-    which evaluates it with `eval`. Other reasoning-gym scorers may do the same (and run sympy): they
-    run in a bounded worker as the answer reward's math-verify does (`time_limit_seconds`,
-    `memory_limit_mb`, `workers`; a bound hit scores 0.0 and is counted in `bound_hits`).
-    """
-    pool = _bounded_pool("reasoning_gym", ("rljax.rewards.verifiers", "reasoning_gym"), dict(
-        time_limit_seconds=time_limit_seconds, memory_limit_mb=memory_limit_mb, workers=workers))
-
-    def reasoning_gym(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        check_batch("reasoning_gym", completions, examples)
-        out = np.zeros(len(completions), dtype=np.float64)
-        pending: list[tuple[int, str, str | None, dict]] = []  # (sample, dataset, answer, scorer's entry)
-        errors: list[tuple[int, str]] = []
-        for i, (completion, example) in enumerate(zip(completions, examples)):
-            try:
-                metadata = example.get("metadata") or {}
-                name = dataset or metadata.get("source_dataset") or example.get("task")
-                if not name:
-                    raise KeyError("cannot tell the reasoning-gym dataset: no metadata.source_dataset or task")
-                if name == "countdown":
-                    out[i] = countdown_score(completion, example, score=1.0, format_score=0.05, no_answer_score=0.01)
-                    continue
-                answer = extract_answer(completion, tag=tag, require_tag=require_tag)
-                entry = {"question": example.get("question", example.get("prompt")), "answer": example["answer"],
-                         "metadata": metadata}
-            except Exception as exc:  # noqa: BLE001 - as per_sample: one bad sample is NaN, not the batch
-                out[i] = np.nan
-                errors.append((i, f"{type(exc).__name__}: {exc}"))
-                continue
-            pending.append((i, name, answer, entry))
-        if pending:
-            outcomes = pool().map(_reasoning_gym_score, [(name, a, e) for _, name, a, e in pending])
-            _record_outcomes([i for i, *_ in pending], outcomes, out, errors, reasoning_gym.bound_hits)
-        _warn_errors("reasoning_gym", errors, len(completions))
-        return out
-
-    reasoning_gym.reward_name = "reasoning_gym"  # type: ignore[attr-defined]
-    reasoning_gym.bound_hits = Counter()  # type: ignore[attr-defined]
-    return reasoning_gym
-
-
-def _reasoning_gym_score(dataset_name: str, answer: str | None, entry: Mapping[str, Any]) -> float:
-    """Worker side of the reasoning-gym reward: the dataset's own scorer."""
-    return float(_reasoning_gym_scorer(dataset_name)(answer, entry))
-
-
 register_reward("answer", make_answer_reward)
-register_reward("format", make_format_reward)
-register_reward("answer_tag_format", make_answer_tag_format_reward)
-register_reward("countdown", make_countdown_reward)
-register_reward("reasoning_gym", make_reasoning_gym_reward)
 
 __all__ = [
     "extract_tag", "extract_answer", "last_boxed", "last_number", "normalize_answer", "as_plain_number",
-    "answers_match", "answer_score", "make_answer_reward", "think_answer_format", "has_answer_tag",
-    "make_format_reward", "make_answer_tag_format_reward", "countdown_problem", "evaluate_arithmetic",
-    "countdown_score", "make_countdown_reward", "make_reasoning_gym_reward",
+    "answers_match", "answer_score", "make_answer_reward",
 ]
-

@@ -2,7 +2,7 @@
 
     pairs, counts = sample_preference_pairs(cfg, num_samples=8)
     rljax pairs CONFIG OUT.jsonl [--num-samples 8] [--split train|eval] [--min-gap 0.0] [KEY=VALUE ...]
-    python -m rljax.pairs CONFIG OUT.jsonl ...          (the same command)
+    python -m rljax.tools.pairs CONFIG OUT.jsonl ...          (the same command)
 
 Sample N completions per prompt of the config's data with its model and sampling settings
 (``rljax.rollout.rollout``), score them with its ``rewards`` (any verifier or a trained
@@ -51,7 +51,8 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     from rljax import rng
     from rljax.models import dtype_from_name, load
     from rljax.rewards.base import build_rewards
-    from rljax.rollout import PromptFormat, rollout, sampling_config
+    from rljax.data.prompts import PromptFormat
+    from rljax.rollout import rollout, sampling_config
 
     examples = _examples(cfg, split)
     model, tokenizer = load(cfg.model.name, dtype=dtype_from_name(cfg.model.dtype))
@@ -81,7 +82,7 @@ def _weighted_totals(rewards, per_function: dict[str, np.ndarray], row_mask: np.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments (shared by ``rljax pairs`` and ``python -m rljax.pairs``)."""
+    """The command's arguments (shared by ``rljax pairs`` and ``python -m rljax.tools.pairs``)."""
     parser.add_argument("config", help="a RunConfig YAML naming the model, data (task or path), sampling and rewards")
     parser.add_argument("output", help="JSONL file to write")
     parser.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of the config")
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rljax.pairs CONFIG OUT.jsonl [options] [KEY=VALUE ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m rljax.pairs", description=DESCRIPTION)
+    """``python -m rljax.tools.pairs CONFIG OUT.jsonl [options] [KEY=VALUE ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m rljax.tools.pairs", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_intermixed_args(argv))  # overrides may follow the options
 
