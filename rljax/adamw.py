@@ -22,7 +22,7 @@ what ``optimizer.update`` then ``optax.apply_updates`` give when written, operat
 equal to float32 rounding, not always bitwise: XLA:CPU contracts ``a * b + c`` into one fused
 multiply-add inside a fusion (23% of random float32 triples round differently), so two programs
 fused differently can differ in a last bit, as optax's own update does from one program to another
-(tests/unit/test_adamw.py, eager and jitted, against optax; a refused step leaves every array bitwise).
+(tests/integration/test_adamw.py, eager and jitted, against optax; a refused step leaves every array bitwise).
 Why not optax's update and a guard around it: under ``lax.cond`` XLA copied the new moments out of
 the taken branch, and a ``jnp.where`` over optax's outputs made it recompute the new moments from
 the old ones inside the parameter update after writing them in place, so it copied the old moments

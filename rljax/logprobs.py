@@ -144,7 +144,7 @@ def completion_states(model, prompt_ids, prompt_mask, completion_ids, completion
     Why: GRPO's G completions of a prompt share it. Repeating it in each row runs it G times; the
     GRPO benchmark's rows (4 prompts x 4 completions, 40 prompt + 64 completion tokens) are 1,664
     token-positions unpacked and 1,184 packed, and the passes are faster by about that much (see
-    docs/performance.md#prompt-packing); the log-probs are equal (tests/unit/test_logprobs_packed.py).
+    docs/performance.md#prompt-packing); the log-probs are equal (tests/integration/test_logprobs_packed.py).
     """
     B, P = prompt_ids.shape
     N = completion_ids.shape[1]
@@ -205,7 +205,7 @@ def packed_completion_states(model, prompt_ids, prompt_mask, completion_ids, com
     is allowed). Completion ``k``'s tokens are segment ``k + 1`` of the row (``Transformer.forward``'s
     ``segments``): they attend to the prompt and to their own earlier tokens only, at the positions
     they would have after the prompt alone, so every state equals that of the unpacked pass
-    ``_forward_prompt_completion(prompt, completion k)`` (to float32 rounding; tests/unit/test_logprobs_packed.py).
+    ``_forward_prompt_completion(prompt, completion k)`` (to float32 rounding; tests/integration/test_logprobs_packed.py).
 
     Why: pairwise and ranked offline losses (DPO, reward models) score K completions of one prompt.
     Repeating the prompt in each of K rows runs it K times; packed, the pass costs ``P + K·N``

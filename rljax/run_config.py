@@ -187,7 +187,7 @@ class TrainSection:
     # at the end, write RUN_DIR/model (a Hugging Face directory, LoRA merged) and, for a LoRA run,
     # RUN_DIR/adapter (a PEFT adapter): rljax.training.export
     save_model: bool = True
-    # at the end (and on a stop signal), write RUN_DIR/curves.png: rljax.tools.plots.plot_runs
+    # at the end (and on a stop signal), write RUN_DIR/curves.png: rljax.plots.plot_runs
     plot: bool = True
     # a step (or evaluation, or save) that makes no progress for this many seconds is a hang: every
     # thread's Python stack goes to RUN_DIR/hang_stacks.process<i>.txt and the process exits with

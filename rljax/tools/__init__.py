@@ -1,1 +1,1 @@
-"""Command-line tools: cli, plan, sweep, compare, pairs, plots, reporting."""
+"""Command-line tools: cli, plan, sweep, compare, pairs, reporting."""

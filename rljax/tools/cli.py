@@ -253,7 +253,7 @@ def _add_plot(sub) -> None:
 
 
 def _plot(args) -> int:
-    from rljax.tools.plots import CURVES_FILE, plot_runs
+    from rljax.plots import CURVES_FILE, plot_runs
 
     if args.out is None:
         if len(args.run_dirs) > 1:

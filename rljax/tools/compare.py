@@ -148,9 +148,9 @@ def compare(paths: Sequence[str], *, baseline: str | None = None, metrics: Seque
 
 def write_compare(result: dict, out_dir: str | os.PathLike) -> tuple[Path, Path, Path]:
     """Write ``compare.md``, ``compare.json`` and ``curves.png`` (every run's curves overlaid, one
-    line per run labelled ``setting seed N``: ``rljax.tools.plots.plot_runs``) into ``out_dir``; returns
+    line per run labelled ``setting seed N``: ``rljax.plots.plot_runs``) into ``out_dir``; returns
     their paths."""
-    from rljax.tools.plots import plot_runs
+    from rljax.plots import plot_runs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -136,13 +136,13 @@ def _stop_if_signalled(trainer, logger, received: list[int], *, stop: bool) -> N
 
 
 def write_curves(train, *, active: bool = True) -> None:
-    """``RUN_DIR/curves.png`` of the run's metrics (``rljax.tools.plots.plot_runs``), where ``train.plot``
+    """``RUN_DIR/curves.png`` of the run's metrics (``rljax.plots.plot_runs``), where ``train.plot``
     is on, ``active`` (process 0) and the environment does not set ``RLJAX_PLOT=0`` (the test
     suite does: matplotlib costs seconds a run). A failure to plot never fails the run: it warns."""
     if not (train.plot and active and os.environ.get("RLJAX_PLOT", "1") != "0"):
         return
     try:
-        from rljax.tools.plots import CURVES_FILE, plot_runs
+        from rljax.plots import CURVES_FILE, plot_runs
 
         plot_runs([train.run_dir], os.path.join(train.run_dir, CURVES_FILE))
     except Exception as err:  # noqa: BLE001 - a picture must never cost the run

@@ -20,7 +20,7 @@ from rljax.models.hf_io import load_hf_dir, model_from_params  # noqa: E402
 from rljax.run_config import RunConfig  # noqa: E402
 from rljax.training import OnlineTrainer  # noqa: E402
 
-# float32 parity with transformers, as tests/unit/test_models_hf.py (random weights, logits of order 1)
+# float32 parity with transformers, as tests/integration/test_models_hf.py (random weights, logits of order 1)
 ATOL = 1e-4
 ROWS = [[5, 40, 41, 17, 33, 60, 9], [12, 7, 99, 3]]
 

@@ -23,7 +23,7 @@ from rljax.training import OnlineTrainer
 from rljax.training.online import rollout_batch, score_logprobs, shared_prompt_group
 from tests._tiny import make_tiny_model_dir
 
-from tests.unit.test_logprobs_packed import CFG, COMPLETIONS, PROMPTS, model, x64  # noqa: F401 (fixtures)
+from tests.integration.test_logprobs_packed import CFG, COMPLETIONS, PROMPTS, model, x64  # noqa: F401 (fixtures)
 
 K = len(COMPLETIONS[0])  # completions per prompt
 

@@ -1,4 +1,4 @@
-"""rljax.tools.plots.plot_runs and `rljax plot`: a PNG of a run's curves, overlays, the refusals; the
+"""rljax.plots.plot_runs and `rljax plot`: a PNG of a run's curves, overlays, the refusals; the
 end-of-run RUN_DIR/curves.png (rljax.training.loop.write_curves) and that a plot failure warns."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from rljax.tools import cli
 from rljax.errors import UserError
-from rljax.tools.plots import plot_keys, plot_runs
+from rljax.plots import plot_keys, plot_runs
 from rljax.run_config import TrainSection
 from rljax.training.loop import write_curves
 
