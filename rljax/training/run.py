@@ -11,6 +11,10 @@ builds the optimizer (its schedule counts optimizer updates), opens the checkpoi
 latest checkpoint on ``resume`` and writes the resolved ``config.yaml``. The online and offline
 trainers (``rljax.training.online`` / ``.offline``) differ only in what they do with it.
 
+The models and optimizers come from :func:`build_state`, which ``rljax plan`` also calls with
+``abstract=True``: the same trees as sharded ``jax.ShapeDtypeStruct`` s, from the models' configs
+alone, so the plan compiles the state the trainer would build.
+
 The device mesh (``cfg.mesh``, ``rljax.sharding``) is built here first: the model is loaded straight
 onto its shardings (each tensor placed slice by slice, never whole on one device), LoRA adapters and
 optimizer states follow their parameters, the reference copy keeps them, and ``run.mesh`` /
