@@ -17,7 +17,7 @@ from rljax.models.transformer import KVCache, Transformer, init_model
 from rljax.models.value_head import DEFAULT_VALUE_HEAD_STD, VALUE_HEAD_INITS, fresh_value_head
 
 __all__ = ["DTYPE_NAMES", "KVCache", "ModelConfig", "Transformer", "UnsupportedConfigError", "dtype_from_name",
-           "init_model", "load", "read_checkpoint", "DEFAULT_VALUE_HEAD_STD", "VALUE_HEAD_INITS", "fresh_value_head"]
+           "init_model", "load", "model_config_for", "read_checkpoint", "DEFAULT_VALUE_HEAD_STD", "VALUE_HEAD_INITS", "fresh_value_head"]
 
 
 def read_checkpoint(name_or_path: str, *, value_head: bool = False, tokenizer=None):
@@ -46,6 +46,22 @@ def read_checkpoint(name_or_path: str, *, value_head: bool = False, tokenizer=No
     config, params, value_head_params = read_hf_dir(resolved.path, value_head=value_head)
     _check_vocab(tokenizer, config, name_or_path)
     return config, params, value_head_params, tokenizer
+
+
+def model_config_for(name_or_path: str) -> ModelConfig:
+    """The ``ModelConfig`` of a registered name or Hugging Face directory (its ``config.json``: a
+    directory that may hold nothing else) or a GGUF file's metadata: no weights are read."""
+    import json
+    import os
+
+    from rljax.models.gguf_io import read_gguf
+    from rljax.models.registry import resolve
+
+    resolved = resolve(name_or_path)
+    if resolved.kind == "hf_dir":
+        with open(os.path.join(resolved.path, "config.json")) as f:
+            return ModelConfig.from_hf_dict(json.load(f))
+    return ModelConfig.from_hf_dict(read_gguf(resolved.path).hf_config)
 
 
 def _check_vocab(tokenizer, config: ModelConfig, name: str) -> None:

@@ -11,6 +11,10 @@ builds the optimizer (its schedule counts optimizer updates), opens the checkpoi
 latest checkpoint on ``resume`` and writes the resolved ``config.yaml``. The online and offline
 trainers (``rljax.training.online`` / ``.offline``) differ only in what they do with it.
 
+The models and optimizers come from :func:`build_state`, which ``rljax plan`` also calls with
+``abstract=True``: the same trees as sharded ``jax.ShapeDtypeStruct`` s, from the models' configs
+alone, so the plan compiles the state the trainer would build.
+
 The device mesh (``cfg.mesh``, ``rljax.sharding``) is built here first: the model is loaded straight
 onto its shardings (each tensor placed slice by slice, never whole on one device), LoRA adapters and
 optimizer states follow their parameters, the reference copy keeps them, and ``run.mesh`` /
@@ -42,11 +46,12 @@ from rljax.checkpoint import Checkpointer
 from rljax.config import save_config
 from rljax.distributed import is_main_process
 from rljax.errors import MissingFileError, UserError
-from rljax.models import dtype_from_name, load
+from rljax.models import dtype_from_name, load, model_config_for
 from rljax.models.lora import add_lora, lora_trainable, zero_adapters
 from rljax.config import ConfigError
 from rljax.run_config import RunConfig
-from rljax.sharding import make_mesh, on_mesh, shard_model
+from rljax.models.transformer import abstract_model
+from rljax.sharding import make_mesh, on_mesh, param_shardings, replicated, shard_model
 from rljax.training.run_dir import RunDirError, RunDirLock, check_fresh, clear_run, config_dict, config_differences
 from rljax.update import optimizer_for
 
@@ -174,10 +179,109 @@ class Run:
         save_config(self.cfg, os.path.join(self.cfg.train.run_dir, "config.yaml"))
 
 
-def _train_state(model, optimizer, *, trainable, mesh) -> TrainState:
+def _train_state(model, optimizer, *, trainable, mesh, rules, abstract: bool) -> TrainState:
     graphdef, params, frozen = nnx.split(model, trainable, ...)
+    if abstract:
+        params, frozen = _placed(params, mesh, rules), _placed(frozen, mesh, rules)
+        return TrainState(graphdef, params, frozen, optimizer, _abstract_opt_state(optimizer, params, mesh))
     # moments follow their parameters' shardings; the step count is replicated (on_mesh)
     return TrainState(graphdef, params, frozen, optimizer, on_mesh(optimizer.init(params), mesh))
+
+
+def _placed(state, mesh, rules):
+    """``state``'s leaves as ``ShapeDtypeStruct`` s on the shardings ``shard_model`` / ``load`` give them."""
+    shardings = param_shardings(state, mesh, rules)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+
+
+def _abstract_opt_state(optimizer, params, mesh):
+    """What ``on_mesh(optimizer.init(params), mesh)`` gives, as shapes: a leaf that mirrors a parameter
+    (Adam's moments: its path ends with the parameter's path) is sharded like it (``zeros_like`` keeps
+    the sharding), the rest (step counts) is replicated. ``jax.eval_shape`` drops shardings on a mesh
+    of ``Auto`` axes, hence the matching by path."""
+    by_path = {tuple(path): x.sharding for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    def place(path, x):
+        for i in range(len(path)):
+            sharding = by_path.get(tuple(path[i:]))
+            if sharding is not None and len(sharding.spec) <= x.ndim:
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh))
+
+    return jax.tree_util.tree_map_with_path(place, jax.eval_shape(optimizer.init, params))
+
+
+def _load(name: str, *, abstract: bool, dtype, param_dtype, value_head: bool, scan_layers: bool, tokenizer=None,
+          **load_args):
+    """``(model, tokenizer)``: ``rljax.models.load``, or (abstract) the model's structure from its
+    config alone (no weights read, no tokenizer)."""
+    if not abstract:
+        return load(name, dtype=dtype, param_dtype=param_dtype, value_head=value_head, scan_layers=scan_layers,
+                    tokenizer=tokenizer, **load_args)
+    model = abstract_model(model_config_for(name), dtype=dtype, param_dtype=param_dtype, value_head=value_head,
+                           scan_layers=scan_layers)
+    return model, None
+
+
+@dataclasses.dataclass
+class RunState:
+    """What :func:`build_state` returns: a run's models and optimizers before its first step."""
+
+    tokenizer: Any  # None when abstract
+    model_config: Any
+    policy: TrainState
+    ref_params: Any = None
+    critic: TrainState | None = None
+
+
+def build_state(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_reference: bool = False,
+                critic: str | None = None, critic_learning_rate: float | None = None, mesh, rules,
+                abstract: bool = False) -> RunState:
+    """The policy (loaded, LoRA adapters added, split), its optimizer and state, the reference copy and
+    the critic, on ``mesh`` with ``rules``; the arguments are :func:`build_run` 's.
+
+    ``abstract=True``: the same structure as ``jax.ShapeDtypeStruct`` s carrying the shardings the real
+    arrays get, from the models' configs alone: what ``rljax plan`` compiles, without weights or devices.
+    """
+    dtype = dtype_from_name(cfg.model.dtype)
+    # the weights are stored in model.param_dtype (null: model.dtype); with optim.master_dtype the
+    # optimizer keeps its own float32 copy (rljax.update.with_master_weights), sharded like them
+    load_args = dict(abstract=abstract, dtype=dtype, param_dtype=dtype_from_name(cfg.model.storage_dtype),
+                     scan_layers=cfg.model.scan_layers)
+    if not abstract:
+        load_args.update(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
+                         seed=cfg.train.seed, mesh=mesh, rules=rules)
+    model, tokenizer = _load(cfg.model.name, value_head=value_head, **load_args)
+    optimizer = optimizer_for(cfg.optim, total_updates)
+    if cfg.model.lora_rank:
+        lora = dict(rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha, targets=cfg.model.lora_targets,
+                    seed=cfg.train.seed)
+        if abstract:
+            model = nnx.eval_shape(lambda m: add_lora(m, **lora), model)
+        else:
+            model = add_lora(model, **lora)
+            model = shard_model(model, mesh, rules)  # the fresh adapters; the loaded weights are already placed
+    # static execution settings (rljax.logprobs, Transformer.forward), set before the split
+    model.logits_chunk, model.remat = cfg.model.logits_chunk, cfg.model.remat
+    model.attention_chunk = cfg.model.attention_chunk
+    policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param,
+                          mesh=mesh, rules=rules, abstract=abstract)
+    ref_params = None
+    if keep_reference and not cfg.model.lora_rank:
+        ref_params = policy.params if abstract else jax.tree.map(jnp.copy, policy.params)
+    critic_state = None
+    if critic is not None:
+        # a critic directory without tokenizer files reads the policy's tokens with the policy's tokenizer
+        critic_model, critic_tokenizer = _load(critic, value_head=True, tokenizer=tokenizer, **load_args)
+        if not abstract and critic_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise UserError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
+                             "the critic reads the policy's tokens, so they must match")
+        optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
+            cfg.optim, learning_rate=critic_learning_rate)
+        critic_model.remat, critic_model.attention_chunk = cfg.model.remat, cfg.model.attention_chunk
+        critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param,
+                                    mesh=mesh, rules=rules, abstract=abstract)
+    return RunState(tokenizer, model.config, policy, ref_params, critic_state)
 
 
 def run_mesh(cfg: RunConfig):
@@ -249,45 +353,15 @@ def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_refe
 def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_updates: int, keep_reference: bool,
            critic: str | None, critic_learning_rate: float | None, resume: bool, resume_step: int | None,
            write_config: bool, read_only: bool) -> Run:
-    dtype = dtype_from_name(cfg.model.dtype)
     mesh, rules = run_mesh(cfg), cfg.mesh.rule_table()
-    # the weights are stored in model.param_dtype (null: model.dtype); with optim.master_dtype the
-    # optimizer keeps its own float32 copy (rljax.update.with_master_weights), sharded like them
-    load_args = dict(value_head_init=cfg.value_head_init, value_head_std=cfg.model.value_head_std,
-                     seed=cfg.train.seed, mesh=mesh, rules=rules,
-                     param_dtype=dtype_from_name(cfg.model.storage_dtype))
-    model, tokenizer = load(cfg.model.name, dtype=dtype, value_head=value_head, scan_layers=cfg.model.scan_layers,
-                            **load_args)
-    optimizer = optimizer_for(cfg.optim, total_updates)
-    if cfg.model.lora_rank:
-        model = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
-                         targets=cfg.model.lora_targets, seed=cfg.train.seed)
-        model = shard_model(model, mesh, rules)  # the fresh adapters; the loaded weights are already placed
-    # static execution settings (rljax.logprobs, Transformer.forward), set before the split
-    model.logits_chunk, model.remat = cfg.model.logits_chunk, cfg.model.remat
-    model.attention_chunk = cfg.model.attention_chunk
-    policy = _train_state(model, optimizer, trainable=lora_trainable() if cfg.model.lora_rank else nnx.Param,
-                          mesh=mesh)
-    ref_params = jax.tree.map(jnp.copy, policy.params) if keep_reference and not cfg.model.lora_rank else None
-    critic_state = None
-    if critic is not None:
-        # a critic directory without tokenizer files reads the policy's tokens with the policy's tokenizer
-        critic_model, critic_tokenizer = load(critic, dtype=dtype, value_head=True, scan_layers=cfg.model.scan_layers,
-                                              tokenizer=tokenizer, **load_args)
-        if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise UserError(f"the critic model {critic!r} has another tokenizer than model.name={cfg.model.name!r}; "
-                             "the critic reads the policy's tokens, so they must match")
-        optim = cfg.optim if critic_learning_rate is None else dataclasses.replace(
-            cfg.optim, learning_rate=critic_learning_rate)
-        critic_model.remat, critic_model.attention_chunk = cfg.model.remat, cfg.model.attention_chunk
-        critic_state = _train_state(critic_model, optimizer_for(optim, total_updates), trainable=nnx.Param,
-                                    mesh=mesh)
+    state = build_state(cfg, value_head=value_head, total_updates=total_updates, keep_reference=keep_reference,
+                        critic=critic, critic_learning_rate=critic_learning_rate, mesh=mesh, rules=rules)
     # read-only (rljax eval --checkpoint): it must not delete the temporary directory of a save that
     # a training process still writing the run has in flight
     checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
                                 max_to_keep=2, read_only=read_only)
-    run = Run(cfg, tokenizer, model.config, policy, checkpointer, ref_params=ref_params, critic=critic_state,
-              lock=lock, mesh=mesh, rules=rules)
+    run = Run(cfg, state.tokenizer, state.model_config, state.policy, checkpointer, ref_params=state.ref_params,
+              critic=state.critic, lock=lock, mesh=mesh, rules=rules)
     if resume:
         run.restore(resume_step)
     if write_config:
@@ -295,4 +369,4 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     return run
 
 
-__all__ = ["Run", "TrainState", "build_run", "run_mesh"]
+__all__ = ["Run", "RunState", "TrainState", "build_run", "build_state", "run_mesh"]

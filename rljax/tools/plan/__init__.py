@@ -9,7 +9,8 @@ Three parts: :mod:`~rljax.tools.plan.targets` (chips, topologies, devices),
 
 From the config alone (the model's ``config.json`` gives every shape; no weights, no tokenizer) this
 builds the run's state as ``jax.ShapeDtypeStruct`` s sharded on the target's mesh (``cfg.mesh``,
-``rljax.sharding``) and ahead-of-time compiles, with XLA for the target (``libtpu`` for TPUs, as
+``rljax.sharding``), with the trainer's own code (``rljax.training.run.build_state(..., abstract=True)``),
+and ahead-of-time compiles, with XLA for the target (``libtpu`` for TPUs, as
 maxtext's ``train_compile.py`` does; or the CPU devices of this process):
 
 * the **update**: ``rljax.training.online.update_epochs`` (every optimizer update of one online

@@ -3,7 +3,6 @@ compiles of the update, the scoring passes and the sampler (:func:`plan_run`).""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -14,68 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.errors import UserError
+from rljax.models import model_config_for
 from rljax.tools.plan.report import PlanReport, ProgramReport, _advice, _roofline
 from rljax.tools.plan.targets import GiB, get_target, target_devices, usable_memory
-
-
-def model_config_for(name: str):
-    """The ``ModelConfig`` of ``model.name`` from its ``config.json`` (a directory that may hold nothing
-    else) or a GGUF file's metadata: no weights are read."""
-    import json
-
-    from rljax.models.config import ModelConfig
-    from rljax.models.registry import resolve
-
-    resolved = resolve(name)
-    if resolved.kind == "hf_dir":
-        with open(os.path.join(resolved.path, "config.json")) as f:
-            return ModelConfig.from_hf_dict(json.load(f))
-    from rljax.models.gguf_io import read_gguf
-
-    return ModelConfig.from_hf_dict(read_gguf(resolved.path).hf_config)
-
-
-def _abstract_split(config, cfg, *, value_head: bool, lora: bool, mesh, rules):
-    """``(graphdef, params, frozen)`` of the run's model as sharded ``ShapeDtypeStruct`` s."""
-    from rljax.models import dtype_from_name
-    from rljax.models.lora import lora_trainable
-    from rljax.models.transformer import abstract_model
-
-    m = cfg.model
-    dtype = dtype_from_name(m.dtype)
-    kwargs = dict(param_dtype=dtype, dtype=dtype, value_head=value_head, scan_layers=m.scan_layers)
-    if lora:
-        kwargs.update(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=tuple(m.lora_targets))
-    model = abstract_model(config, **kwargs)
-    model.logits_chunk, model.remat, model.attention_chunk = m.logits_chunk, m.remat, m.attention_chunk
-    graphdef, params, frozen = nnx.split(model, lora_trainable() if lora else nnx.Param, ...)
-    return graphdef, _with_shardings(params, mesh, rules), _with_shardings(frozen, mesh, rules)
-
-
-def _with_shardings(state, mesh, rules):
-    from rljax.sharding import param_shardings
-
-    shardings = param_shardings(state, mesh, rules)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
-
-
-def _opt_state(optimizer, params, mesh):
-    """The optimizer state's shapes and shardings: a leaf that mirrors a parameter (Adam's moments:
-    its path ends with the parameter's path) is sharded like it, as ``optimizer.init`` on sharded
-    parameters gives; the rest (step counts) is replicated."""
-    from rljax.sharding import replicated
-
-    by_path = {tuple(path): x.sharding for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    shapes = jax.eval_shape(optimizer.init, params)
-
-    def place(path, x):
-        for i in range(len(path)):
-            sharding = by_path.get(tuple(path[i:]))
-            if sharding is not None and len(sharding.spec) <= x.ndim:
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh))
-
-    return jax.tree_util.tree_map_with_path(place, shapes)
 
 
 def _key_dtype():
@@ -221,15 +161,14 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
 
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
     from rljax.sharding import replicated, use_mesh
+    from rljax.training.run import build_state
     from rljax.training.spec import run_spec
     from rljax.rollout import packing_group
-    from rljax.update import optimizer_for
 
     target = get_target(target_name)
     devices = target_devices(target)
     mesh = _mesh(cfg, devices)
     rules = cfg.mesh.rule_table()
-    config = model_config_for(cfg.model.name)
     spec = run_spec(cfg)
     algo, a = spec.algorithm, cfg.algorithm
     lora = bool(cfg.model.lora_rank)
@@ -237,13 +176,12 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
 
     programs: list[ProgramReport] = []
     with use_mesh(mesh, rules):
+        # the trainer's own state (rljax.training.run.build_state), as sharded shapes
+        run_state = build_state(cfg, **spec.build_args(), mesh=mesh, rules=rules, abstract=True)
+        config, p = run_state.model_config, run_state.policy
+        graphdef, params, frozen, optimizer, opt_state = p.graphdef, p.params, p.frozen, p.optimizer, p.opt_state
         if algo.online:
             value_head = algo.value_head(a)
-            graphdef, params, frozen = _abstract_split(config, cfg, value_head=spec.value_head, lora=lora,
-                                                       mesh=mesh, rules=rules)
-            total_updates = spec.total_updates
-            optimizer = optimizer_for(cfg.optim, total_updates)
-            opt_state = _opt_state(optimizer, params, mesh)
             R, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(R, mesh, "algorithm.prompts_per_step × group_size")
             batch = _rollout_batch(algo, a, R, P, N, mesh, rules, reference=spec.needs_reference,
@@ -252,19 +190,15 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                                    prompt_group=1 if cfg.environment.name else packing_group(R, a.group_size,
                                                                                              a.num_micro))
             critic = {}
-            if spec.critic is not None:
+            if run_state.critic is not None:
                 critic_config = model_config_for(spec.critic)
-                cg, cp, cf = _abstract_split(critic_config, cfg, value_head=True, lora=False, mesh=mesh, rules=rules)
-                critic_opt = optimizer_for(cfg.optim if spec.critic_learning_rate is None
-                                           else dataclasses.replace(cfg.optim, learning_rate=spec.critic_learning_rate),
-                                           total_updates)
-                critic = dict(critic_graphdef=cg, critic_params=cp, critic_frozen=cf,
-                              critic_opt_state=_opt_state(critic_opt, cp, mesh), critic_optimizer=critic_opt)
+                c = run_state.critic
+                critic = dict(critic_graphdef=c.graphdef, critic_params=c.params, critic_frozen=c.frozen,
+                              critic_opt_state=c.opt_state, critic_optimizer=c.optimizer)
             critic_state = (critic["critic_params"], critic["critic_frozen"], critic["critic_opt_state"]) if critic else ()
             # what the trainer holds all step: policy, optimizer state, a full fine-tune's reference copy
             # (rljax.training.run.build_run: keep_reference when the algorithm needs one), the critic
-            resident = _chip_bytes((params, frozen, opt_state, critic_state)) + (
-                _chip_bytes(params) if spec.keep_reference and not lora else 0)
+            resident = _chip_bytes((params, frozen, opt_state, critic_state, run_state.ref_params))
             from rljax.training.online import score_logprobs, score_values, update_epochs
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
@@ -297,16 +231,11 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     state=split[1:]))
             programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
         else:
-            graphdef, params, frozen = _abstract_split(config, cfg, value_head=spec.value_head, lora=lora, mesh=mesh,
-                                                       rules=rules)
-            optimizer = optimizer_for(cfg.optim, spec.total_updates)
-            opt_state = _opt_state(optimizer, params, mesh)
             B, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(B, mesh, "algorithm.batch_size")
             batch, K = _offline_batch(spec, a, B, P, N, mesh, rules)
             # a reference copy only for live reference log-probs of a full fine-tune (else cached once)
-            resident = _chip_bytes((params, frozen, opt_state)) + (_chip_bytes(params) if spec.keep_reference
-                                                                   and not lora else 0)
+            resident = _chip_bytes((params, frozen, opt_state, run_state.ref_params))
             from rljax.training.offline import offline_update, score_batch
 
             train_passes = (2.0 if lora else 3.0) + (1.0 if cfg.model.remat != "none" else 0.0)
