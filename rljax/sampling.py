@@ -132,13 +132,19 @@ def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 256) -> j
     mass are mis-weighted. Tokens with zero probability (filtered to the dtype's minimum) are never
     drawn. Same key, same draws; different draws from ``jax.random.categorical`` for the same key.
     """
+    return categorical_from_uniform(jax.random.uniform(key, (logits.shape[0],), jnp.float32), logits, block)
+
+
+def categorical_from_uniform(u: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
+    """:func:`sample_categorical`'s draw from given uniforms ``u`` ``[B]`` in [0, 1) (one per row, so a
+    caller can give each row its own key)."""
     B, V = logits.shape
     nb = -(-V // block)
     probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # unnormalised, [B, V]
     probs = jnp.pad(probs, ((0, 0), (0, nb * block - V))).reshape(B, nb, block)
     mass = probs.sum(axis=-1)  # [B, nb]
     cdf = jnp.cumsum(mass, axis=-1)
-    u = jax.random.uniform(key, (B, 1), jnp.float32) * cdf[:, -1:]
+    u = u[:, None].astype(cdf.dtype) * cdf[:, -1:]
     # first block whose cumulative mass exceeds u; never past the last block with mass (u can round up
     # to the total)
     blk = jnp.minimum(jnp.sum(cdf <= u, axis=-1), nb - 1 - jnp.argmax((mass > 0)[:, ::-1], axis=-1))

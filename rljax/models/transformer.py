@@ -439,9 +439,11 @@ class Transformer(nnx.Module):
 
     # ------------------------------------------------------------------ one block
     def _block(self, x, lp, rope, cache_keys, cache_values, key_mask, query_slots, write_index, layer=None,
-               segments=None, out_major=False):
+               segments=None, out_major=False, attend=None):
         """Pre-norm attention + SwiGLU MLP. ``x`` [B, T, D]; ``lp`` this layer's parameters (projections
-        out-major, from :meth:`decode_weights`, when ``out_major``)."""
+        out-major, from :meth:`decode_weights`, when ``out_major``). ``attend(q, k, v) -> (attn,
+        cache_keys, cache_values)``, given, replaces the cache write and the attention (the paged KV
+        cache of ``rljax.inference``): q ``[B, T, H, hd]`` and k, v ``[B, T, KVH, hd]`` after RoPE."""
         c, dt = self.config, self.dtype
         cast = lambda name: lp[name].astype(dt)
         x = constrain(x, _RESIDUAL)
@@ -457,6 +459,9 @@ class Transformer(nnx.Module):
         q = _apply_rope(q, *rope)
         k = _apply_rope(k, *rope)
         zero = jnp.zeros((), jnp.int32)
+        if attend is not None:
+            attn, cache_keys, cache_values = attend(q, k, v)
+            return self._block_output(x, attn, lp, out_major), cache_keys, cache_values
         if cache_keys is None:
             all_k, all_v = k, v
         elif layer is None:  # this layer's own cache arrays [B, S, KVH, hd] (decode_step)
@@ -476,15 +481,20 @@ class Transformer(nnx.Module):
         else:
             attn = _attention(q, all_k.astype(dt), all_v.astype(dt), key_mask, query_slots,  # [B, T, H, hd]
                               segments, segments)
+        return self._block_output(x, attn, lp, out_major), cache_keys, cache_values
+
+    def _block_output(self, x, attn, lp, out_major):
+        """The rest of a block after attention: output projection, residual, SwiGLU MLP, residual."""
+        c = self.config
         out = self._proj(attn, lp, "wo", out_major)
         if c.o_bias:
-            out = out + _lead(cast("bo"), 3)
+            out = out + _lead(lp["bo"].astype(self.dtype), 3)
         x = x + out
         h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
         gate = self._proj(h, lp, "w_gate", out_major)
         up = self._proj(h, lp, "w_up", out_major)
         x = x + self._proj(jax.nn.silu(gate) * up, lp, "w_down", out_major)
-        return constrain(x, _RESIDUAL), cache_keys, cache_values
+        return constrain(x, _RESIDUAL)
 
     def _proj(self, x, lp, name, out_major=False):
         """``x @ W`` for projection ``name``, plus ``scale * (x @ A) @ B`` when it has LoRA weights.
