@@ -27,10 +27,12 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 
 from rljax.data.batching import pad_token_id
 from rljax.data.prompts import PromptFormat, encode_prompts
 from rljax.distributed import gather_rows, local_rows, place_batch, to_host
+from rljax.inference.batch import generate_batch
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
 from rljax.sharding import batch_shards
@@ -197,6 +199,11 @@ def _keep_reward_outputs(rewards: RewardSet, examples: list[dict]) -> None:
                 ex.setdefault("reward_outputs", {})[name] = output
 
 
+def policy_states(policy) -> tuple:
+    """The state(s) of a policy given as an nnx module or as its split ``(graphdef, state, ...)``."""
+    return tuple(policy[1:]) if isinstance(policy, tuple) else tuple(nnx.split(policy)[1:])
+
+
 def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
     """``group_size`` when ``rows`` split into ``micro_batches`` equal micro-batches of whole groups whose
     packed rows (one per group) divide over the mesh's batch axes (``rljax.sharding.batch_shards``;
@@ -209,7 +216,7 @@ def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
 
 def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
             sampling: SamplingConfig, fmt: PromptFormat, repeats: int = 1,
-            rewards: RewardSet | None = None) -> Rollout:
+            rewards: RewardSet | None = None, engine=None) -> Rollout:
     """Sample ``repeats`` completions of each prompt with ``policy`` and score them.
 
     ``policy``: an nnx ``Transformer`` or its split ``(graphdef, state, ...)`` (as
@@ -217,6 +224,8 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     (text or chat messages; other keys such as ``"answer"`` go to the rewards) or plain prompts.
     Prompts dropped by ``fmt.too_long="filter"`` have no rows (counted in ``num_dropped``). The
     same ``key`` gives the same tokens; ``key`` is passed to the sampler as it is.
+    ``engine``: a :class:`rljax.inference.Engine` to sample with (it is given ``policy``'s weights);
+    ``None``: the static sampler (``rljax.sampling.generate``).
     Each row's example gets ``"completion_length"`` (tokens, the stop token included) for
     length-aware rewards and ``"completion_ids"`` (those tokens, a list of ints) for TRL-style rewards. Without ``rewards``: ``scores`` and ``row_mask`` are None.
     """
@@ -231,10 +240,15 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     if R:
         # rows split over the active mesh's batch axes (none: the default device); the outputs
         # come back whole to this host (all-gathered when several processes share the batch)
-        ids, ids_mask = place_batch((prompt_ids, prompt_mask))
-        sampled = generate(policy, ids, ids_mask, key, sampling, prompt_group=packing_group(R, repeats))
-        mine = local_rows(sampled.tokens)  # the rows whose rewards this process computes
-        out = jax.tree.map(to_host, sampled)
+        if engine is not None:
+            engine.set_weights(policy_states(policy))
+            out = generate_batch(engine, prompt_ids, prompt_mask, key, sampling)
+            mine = slice(0, R)
+        else:
+            ids, ids_mask = place_batch((prompt_ids, prompt_mask))
+            sampled = generate(policy, ids, ids_mask, key, sampling, prompt_group=packing_group(R, repeats))
+            mine = local_rows(sampled.tokens)  # the rows whose rewards this process computes
+            out = jax.tree.map(to_host, sampled)
         tokens, mask, logprobs, finished = out.tokens, out.mask, out.logprobs, out.finished
     else:  # every prompt filtered out (or none given): no sampler call
         tokens, mask = np.full((0, N), sampling.pad_token_id, np.int32), np.zeros((0, N), np.int32)

@@ -134,9 +134,19 @@ class SamplingSection:
     top_p: float = 1.0
     eval_temperature: float = 0.0  # evaluation decodes greedily by default
     ignore_eos: bool = False  # never stop before max_new_tokens (fixed-length benchmarks)
+    # "paged": the rollout engine (rljax.inference: continuous batching over a paged KV cache, one
+    # prefill per GRPO group); "static": rljax.sampling.generate (the whole batch until its longest row).
+    # Runs over several processes use the static sampler (the engine drives one host's devices).
+    engine: Literal["paged", "static"] = "paged"
+    max_slots: int = 64  # sequences the engine decodes together
+    page_size: int = 16  # tokens per KV page
+    num_pages: Optional[int] = None  # KV pages (null: sized from the memory the weights leave)
 
     def validate(self) -> None:
         # the sampler (rljax.sampling.SamplingConfig) refuses these too, but only once the model is loaded
+        check_range(self, "max_slots", low=1)
+        check_range(self, "page_size", low=1)
+        check_range(self, "num_pages", low=2, note="(null = sized from free memory)")
         check_range(self, "max_new_tokens", low=1)
         check_range(self, "temperature", low=0, note="(0 = greedy)")
         check_range(self, "eval_temperature", low=0, note="(0 = greedy)")

@@ -49,7 +49,8 @@ from rljax.buckets import bucket_length
 from rljax.distributed import place_batch, to_host
 from rljax.environments.base import Environment
 from rljax.rewards.base import RewardOutput, reward_metrics
-from rljax.rollout import Rollout
+from rljax.inference.batch import generate_batch
+from rljax.rollout import Rollout, policy_states
 from rljax.sampling import SamplingConfig, generate
 
 __all__ = ["Episode", "episode_examples", "episode_metrics", "episodes_rollout", "run_episodes", "turn_sampler"]
@@ -99,10 +100,16 @@ def episode_examples(name: str, split: str, size: int, seed: int) -> list[dict]:
             for i in range(size)]
 
 
-def turn_sampler(policy, sampling: SamplingConfig, key: jax.Array) -> TurnSampler:
+def turn_sampler(policy, sampling: SamplingConfig, key: jax.Array, engine=None) -> TurnSampler:
     """The sampler for :func:`run_episodes`: ``rljax.sampling.generate`` with ``policy`` (an nnx
-    ``Transformer`` or its split state), key ``fold_in(key, turn)`` for turn ``turn``."""
+    ``Transformer`` or its split state), key ``fold_in(key, turn)`` for turn ``turn``; with an
+    ``engine`` (``rljax.inference.Engine``), the engine, given ``policy``'s weights (the next turn of an
+    episode then prefills only its new tokens: the conversation so far is in cached pages)."""
     def sample(prompt_ids, prompt_mask, turn):
+        if engine is not None:
+            engine.set_weights(policy_states(policy))
+            out = generate_batch(engine, prompt_ids, prompt_mask, jax.random.fold_in(key, turn), sampling)
+            return out.tokens, out.mask, out.logprobs, out.finished
         # rows split over the active mesh (rljax.distributed.place_batch), back whole on the host
         ids, mask = place_batch((prompt_ids, prompt_mask))
         out = jax.tree.map(to_host, generate(policy, ids, mask, jax.random.fold_in(key, turn), sampling))

@@ -145,8 +145,11 @@ class Engine:
     def set_weights(self, states) -> None:
         """Run the parameters ``states`` (the model's state(s), as split from it) from now on: the same
         compiled programs, and an empty prefix cache (its keys and values came from the old weights).
-        Sequences in flight go on with the new weights."""
-        self.states = tuple(states)
+        Sequences in flight go on with the new weights. The same arrays again change nothing."""
+        states = tuple(states)
+        if hasattr(self, "states") and _same_arrays(states, self.states):
+            return
+        self.states = states
         self.weights = model_step.decode_weights(self.graphdef, self.states)
         if hasattr(self, "pool"):
             self.pool.cache.clear()
@@ -454,6 +457,11 @@ class Engine:
         seq.state = "finished"
         del self._sequences[seq.id]
         self._finished[seq.id] = Output(seq.id, seq.prompt, seq.generated, seq.logprobs, reason)
+
+
+def _same_arrays(a, b) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(x is y for x, y in zip(la, lb))
 
 
 def default_num_pages(engine: Engine, states) -> int:

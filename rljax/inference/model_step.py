@@ -22,10 +22,12 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from rljax.inference.attention import ragged_paged_attention, write_kv
 from rljax.models.transformer import rms_norm, rope_inverse_frequencies, rope_tables
 from rljax.sampling import categorical_from_uniform
+from rljax.sharding import active_mesh, active_rules, logical_to_spec
 
 # Programs traced so far, by name (tests check that new weights or new requests do not recompile).
 TRACES = {"prefill": 0, "decode": 0, "sample": 0, "weights": 0}
@@ -39,9 +41,13 @@ def decode_weights(graphdef, states) -> dict:
 
 
 def empty_pages(config, num_pages: int, page_size: int, dtype) -> tuple[tuple, tuple]:
-    """Keys and values: one zeroed ``[num_pages, page_size, KVH, hd]`` array per layer each."""
+    """Keys and values: one zeroed ``[num_pages, page_size, KVH, hd]`` array per layer each; under a
+    mesh (``rljax.sharding.use_mesh``) split over it as the model's KV heads are."""
     shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
-    zeros = jax.jit(lambda: jnp.zeros(shape, dtype))
+    mesh = active_mesh()
+    sharding = None if mesh is None else NamedSharding(
+        mesh, logical_to_spec((None, None, "kv_heads", None), shape, mesh, active_rules()))
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
     return tuple(zeros() for _ in range(config.num_layers)), tuple(zeros() for _ in range(config.num_layers))
 
 

@@ -227,23 +227,23 @@ class JudgeModel:
 
     def generate(self, conversations: Sequence[Sequence[Mapping[str, str]]], *, max_new_tokens: int,
                  temperature: float = 0.0, key=None) -> list[str]:
-        """The judge's reply to each conversation (greedy at ``temperature`` 0; else sampled with
-        ``key``, one key per batch of ``batch_size``, folded with the batch's index)."""
+        """The judge's reply to each conversation (greedy at ``temperature`` 0; else sampled, each
+        conversation with its own seed drawn from ``key``), through the rollout engine
+        (``rljax.inference``: ``batch_size`` replies decoded together)."""
         import jax
 
-        from rljax.sampling import SamplingConfig, generate
+        from rljax.inference import Engine, Request
+        from rljax.inference.batch import request_seeds
 
+        if getattr(self, "_engine", None) is None:
+            self._engine = Engine((self.graphdef, self.state), max_slots=self.batch_size)
         eos = self.tokenizer.eos_token_id
-        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, pad_token_id=self.pad_id,
-                                stop_token_ids=(eos,) if eos is not None else ())
-        key = jax.random.key(0) if key is None else key
-        replies: list[str] = []
-        for start, n, ids, mask in self._batches(self._encode(conversations)):
-            out = generate((self.graphdef, self.state), ids, mask, jax.random.fold_in(key, start), config)
-            tokens, keep = np.asarray(out.tokens)[:n], np.asarray(out.mask)[:n]
-            replies += [self.tokenizer.decode([int(t) for t, k in zip(row, m) if k], skip_special_tokens=True)
-                        for row, m in zip(tokens, keep)]
-        return replies
+        prompts = self._encode(conversations)
+        seeds = request_seeds(jax.random.key(0) if key is None else key, len(prompts))
+        outs = self._engine.generate([Request(prompt_ids=p, max_tokens=max_new_tokens, temperature=temperature,
+                                              stop_token_ids=(eos,) if eos is not None else (), seed=int(s))
+                                      for p, s in zip(prompts, seeds)])
+        return [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
 
     def next_token_logprobs(self, conversations: Sequence[Sequence[Mapping[str, str]]]) -> np.ndarray:
         """``[n, V]`` log-probs of the judge's first reply token for each conversation."""

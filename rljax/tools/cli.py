@@ -59,7 +59,7 @@ def _add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="sample completions from a model",
-        description="Sample completions for one or more prompts with rljax's jitted KV-cache sampler.",
+        description="Sample completions for one or more prompts with rljax's rollout engine (or the static sampler).",
     )
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="registered model name, .gguf file or Hugging Face directory (default: %(default)s)")
@@ -82,6 +82,11 @@ def _add_generate(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="compute and parameter dtype (default: %(default)s)")
+    p.add_argument("--engine", choices=("paged", "static"), default="paged",
+                   help="paged: the rollout engine (continuous batching over a paged KV cache); static: one "
+                        "batch until its longest row (default: %(default)s)")
+    p.add_argument("--max-slots", type=_positive_int, default=64,
+                   help="with --engine paged: sequences decoded together (default: %(default)s)")
     p.set_defaults(func=_generate)
 
 
@@ -113,8 +118,13 @@ def _generate(args) -> int:
                             top_p=args.top_p, stop_token_ids=stop_token_ids(tokenizer, model.config),
                             ignore_eos=args.ignore_eos, pad_token_id=pad_token_id(tokenizer))
     start = time.perf_counter()
+    engine = None
+    if args.engine == "paged":
+        from rljax.inference import Engine
+
+        engine = Engine(model, max_slots=args.max_slots)
     roll = rollout(model, tokenizer, args.prompt, jax.random.key(args.seed), sampling=config, fmt=fmt,
-                   repeats=args.num_samples)
+                   repeats=args.num_samples, engine=engine)
     seconds = time.perf_counter() - start
     lengths = roll.completion_mask.sum(axis=-1)
     for i, completion in enumerate(roll.texts):

@@ -52,6 +52,7 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     from rljax.models import dtype_from_name, load
     from rljax.rewards.base import build_rewards
     from rljax.data.prompts import PromptFormat
+    from rljax.inference.batch import engine_for
     from rljax.rollout import rollout, sampling_config
 
     examples = _examples(cfg, split)
@@ -61,9 +62,10 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     fmt = PromptFormat.from_data(cfg.data)
     key = rng.stream(cfg.train.seed, "pairs")
     kept_examples, completions, scores = [], [], []
+    engine = engine_for(model, cfg.sampling)
     for start in range(0, len(examples), batch_prompts):
         roll = rollout(model, tokenizer, examples[start:start + batch_prompts], jax.random.fold_in(key, start),
-                       sampling=sampling, fmt=fmt, repeats=num_samples, rewards=rewards)
+                       sampling=sampling, fmt=fmt, repeats=num_samples, rewards=rewards, engine=engine)
         kept_examples += [{k: v for k, v in ex.items() if k not in ("completion_length", "completion_ids")}
                           for ex in roll.examples[::num_samples]]
         completions += roll.texts

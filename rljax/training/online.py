@@ -41,6 +41,8 @@ from rljax.distributed import is_main_process, place_batch, to_host
 from rljax.environments.base import environment_factory
 from rljax.environments.episodes import episode_metrics, episodes_rollout, run_episodes, turn_sampler
 from rljax.errors import UserError
+from rljax.inference import Engine
+from rljax.inference.batch import engine_for
 from rljax.logprobs import completion_logprobs, completion_values
 from rljax.losses.kl import kl_penalty
 from rljax.losses.reduce import masked_mean
@@ -239,6 +241,7 @@ class OnlineTrainer:
             self.sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config)
             self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
             self.sample_stream = rng.stream(cfg.train.seed, "sample")
+            self._engine: Engine | None = None
             self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
             self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
             if write_config:
@@ -260,11 +263,19 @@ class OnlineTrainer:
             return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation)
         return rollout(self.run.policy.split, self.run.tokenizer, examples, key,
                        sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
-                       repeats=repeats, rewards=self.rewards)
+                       repeats=repeats, rewards=self.rewards, engine=self.engine())
+
+    def engine(self) -> Engine | None:
+        """The run's rollout engine (``sampling.engine: paged``, one process), built on first use; it
+        is given the current weights at each rollout. None: the static sampler."""
+        if self._engine is None:
+            self._engine = engine_for(self.run.policy.split, self.cfg.sampling) or False
+        return self._engine or None
 
     def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool) -> Rollout:
         env, sampling = self.cfg.environment, self.eval_sampling if evaluation else self.sampling
-        episodes = run_episodes(turn_sampler(self.run.policy.split, sampling, key), self.run.tokenizer, self.make_env,
+        episodes = run_episodes(turn_sampler(self.run.policy.split, sampling, key, engine=self.engine()),
+                                self.run.tokenizer, self.make_env,
                                 examples, repeats=repeats, max_turns=env.max_turns, max_tokens=env.max_tokens,
                                 max_new_tokens=sampling.max_new_tokens, pad_id=sampling.pad_token_id,
                                 workers=env.workers)

@@ -1,0 +1,203 @@
+"""The rollout engine (rljax.inference) against the static sampler and the trainer's log-probs, and its
+scheduling: queueing, slot refill, page exhaustion, prefix sharing, cancellation, bad requests,
+preemption, new weights, LoRA, multi-turn continuation."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.errors import UserError
+from rljax.inference import Engine, Request
+from rljax.inference import model_step
+from rljax.logprobs import token_logprobs
+from rljax.models.lora import add_lora, lora_trainable
+from rljax.models.tiny import tiny_config
+from rljax.models.transformer import init_model
+from rljax.sampling import SamplingConfig, generate
+
+STOP = 5
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_model(tiny_config(64), seed=1)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return [[int(t) for t in rng.integers(6, 64, size=n)] for n in (3, 4, 9, 17, 25, 8, 12)]
+
+
+def _alone(model, prompt, max_tokens):
+    """The static sampler's greedy output for ``prompt`` run alone (a batch of one), cut at
+    ``max_tokens`` (one compiled program for every ``max_tokens`` up to 40: greedy tokens do not
+    depend on how many follow)."""
+    assert max_tokens <= 40
+    out = generate(model, np.array([prompt]), np.ones((1, len(prompt)), np.int32), jax.random.key(0),
+                   SamplingConfig(max_new_tokens=40, temperature=0.0, stop_token_ids=(STOP,)))
+    n = min(int(out.mask.sum()), max_tokens)
+    return [int(t) for t in out.tokens[0, :n]]
+
+
+@jax.jit
+def _logits(model_split, ids, mask):
+    model = nnx.merge(*model_split)
+    hidden, _ = model.forward(ids, mask)
+    return model.logits(hidden)
+
+
+def _trainer_logprobs(model, prompt, tokens, temperature=1.0, width=96):
+    """The trainer's log-probs of ``tokens`` after ``prompt`` (one compiled program: right-padded to ``width``)."""
+    seq = prompt + tokens
+    ids = np.zeros((1, width), np.int32)
+    ids[0, :len(seq)] = seq
+    logits = _logits(nnx.split(model), jnp.asarray(ids), jnp.asarray((np.arange(width) < len(seq))[None], jnp.int32))
+    logits = logits[0, len(prompt) - 1:len(seq) - 1]
+    return np.asarray(token_logprobs(logits, jnp.array(tokens), temperature=temperature))
+
+
+def test_greedy_requests_queue_refill_and_match_the_static_sampler_alone(model, prompts):
+    max_tokens = [6, 30, 1, 17, 23, 40, 9]
+    engine = Engine(model, max_slots=3, page_size=PAGE, num_pages=64)  # 7 requests, 3 slots: a queue
+    outs = engine.generate([Request(prompt_ids=p, max_tokens=m, temperature=0.0, stop_token_ids=(STOP,))
+                            for p, m in zip(prompts, max_tokens)])
+    for p, m, o in zip(prompts, max_tokens, outs):
+        assert o.token_ids == _alone(model, p, m)
+        assert o.finish_reason == ("stop" if o.token_ids[-1] == STOP else "length")
+        assert o.finish_reason == "stop" or len(o.token_ids) == m
+        # greedy log-probs are those of the unscaled distribution, as the trainer computes them
+        np.testing.assert_allclose(o.logprobs, _trainer_logprobs(model, p, o.token_ids), atol=1e-5, rtol=0)
+    assert engine.stats["decode_steps"] < sum(len(o.token_ids) for o in outs)  # rows decoded together
+    assert engine.pool.in_use == engine.pool.cache.evictable()  # only the prefix cache holds pages now
+
+
+def test_sampled_tokens_do_not_depend_on_the_slots_and_logprobs_are_the_trainers(model, prompts):
+    reqs = [Request(prompt_ids=prompts[i % 4], max_tokens=10, temperature=0.7, top_k=20 if i % 2 else 0,
+                    top_p=0.9 if i % 3 == 0 else 1.0, seed=1000 + i) for i in range(10)]
+    outs2 = Engine(model, max_slots=2, page_size=PAGE, num_pages=64).generate(reqs)
+    outs8 = Engine(model, max_slots=8, page_size=PAGE, num_pages=64).generate(reqs)
+    assert [o.token_ids for o in outs2] == [o.token_ids for o in outs8]
+    for r, o in zip(reqs, outs8):
+        np.testing.assert_allclose(o.logprobs, _trainer_logprobs(model, list(r.prompt_ids), o.token_ids, 0.7),
+                                   atol=1e-5, rtol=0)
+    # different seeds draw differently (the same prompt and settings)
+    assert outs8[0].token_ids != outs8[4].token_ids or outs8[0].token_ids != outs8[8].token_ids
+
+
+def test_a_group_shares_its_prompt_pages_and_runs_one_prefill(model, prompts):
+    prompt = prompts[4]  # 25 tokens: 6 full pages of 4 and one partly filled
+    group = [Request(prompt_ids=prompt, max_tokens=8, seed=s) for s in range(4)]
+    shared = Engine(model, max_slots=4, page_size=PAGE, num_pages=64)
+    outs = shared.generate(group)
+    assert shared.stats["prefill_tokens"] == len(prompt)  # one prefill for the four samples
+    # 6 shared full pages + per sample: its copy of the partial page and 1 more page (25 + 8 = 33 tokens)
+    assert shared.pool.peak_in_use == 6 + 4 * 2
+    alone = [Engine(model, max_slots=1, page_size=PAGE, num_pages=64).generate([r])[0] for r in group]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    # samples of a prompt admitted later (no free slot at first) reuse the cached prompt: still one prefill
+    later = Engine(model, max_slots=2, page_size=PAGE, num_pages=64)
+    assert [o.token_ids for o in later.generate(group)] == [o.token_ids for o in outs]
+    assert later.stats["prefill_tokens"] == len(prompt) and later.stats["prompt_cache_hits"] == 2
+
+
+def test_page_exhaustion_queues_requests_and_preemption_keeps_the_output(model, prompts):
+    reqs = [Request(prompt_ids=p, max_tokens=24, temperature=0.0) for p in prompts]
+    # 12 usable pages of 4 tokens: one sequence needs up to 13; four slots cannot all grow at once
+    small = Engine(model, max_slots=4, page_size=PAGE, num_pages=14)
+    outs = small.generate(reqs)
+    assert small.pool.peak_in_use <= 13
+    assert small.stats["preempted"] > 0
+    big = Engine(model, max_slots=4, page_size=PAGE, num_pages=128).generate(reqs)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in big]
+
+
+def test_a_cancelled_request_frees_its_pages_and_slot(model, prompts):
+    engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64)
+    a = engine.submit(Request(prompt_ids=prompts[4], max_tokens=50))
+    b = engine.submit(Request(prompt_ids=prompts[3], max_tokens=50))
+    waiting = engine.submit(Request(prompt_ids=prompts[0], max_tokens=3))
+    for _ in range(3):
+        engine.step()
+    held = engine.pool.in_use - engine.pool.cache.evictable()
+    assert held == len(engine._sequences[a].pages) + len(engine._sequences[b].pages)
+    engine.cancel(a)
+    engine.cancel(waiting)
+    finished = {o.request_id: o for o in engine.pop_finished()}
+    assert finished[a].finish_reason == finished[waiting].finish_reason == "cancelled"
+    assert len(finished[a].token_ids) == 4 and finished[waiting].token_ids == []  # 1 per step + the first
+    assert engine.pool.in_use - engine.pool.cache.evictable() == len(engine._sequences[b].pages)
+    engine.cancel(b)
+    assert engine.pool.in_use == engine.pool.cache.evictable() and not engine.has_work()
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("prompt_ids", [], "prompt_ids: empty"),
+    ("max_tokens", 0, "max_tokens must be an integer >= 1"),
+    ("max_tokens", 10_000, "exceeds the model's context"),
+    ("temperature", -0.5, "temperature must be a finite number >= 0"),
+    ("temperature", float("nan"), "temperature must be a finite number >= 0"),
+    ("top_p", 0.0, "top_p must be in (0, 1]"),
+    ("top_p", 1.5, "top_p must be in (0, 1]"),
+    ("top_k", -1, "top_k must be an integer >= 0"),
+    ("prompt_ids", [1, 64], "prompt_ids: token ids must be in [0, 64)"),
+])
+def test_bad_requests_are_refused_and_the_engine_keeps_serving(model, prompts, field, bad, message):
+    engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64, max_context=256)
+    good = engine.submit(Request(prompt_ids=prompts[0], max_tokens=4, temperature=0.0))
+    with pytest.raises(UserError, match=re.escape(message)):
+        engine.submit(Request(**{"prompt_ids": prompts[1], "max_tokens": 4, field: bad}))
+    with pytest.raises(UserError, match="request 1: "):
+        engine.generate([Request(prompt_ids=prompts[1]), Request(**{"prompt_ids": prompts[1], field: bad})])
+    while engine.has_work():
+        engine.step()
+    assert [o.request_id for o in engine.pop_finished()] == [good]
+
+
+def test_a_request_longer_than_the_pool_is_refused_at_once(model, prompts):
+    engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=5)  # 4 usable pages: 16 tokens
+    with pytest.raises(UserError, match="more pages than the whole pool"):
+        engine.submit(Request(prompt_ids=prompts[2], max_tokens=8))  # 9 + 8 = 17 tokens
+
+
+def test_new_weights_run_without_a_recompile_and_give_the_new_models_output(model, prompts):
+    other = init_model(tiny_config(64), seed=2)
+    reqs = [Request(prompt_ids=p, max_tokens=12, temperature=0.0) for p in prompts[:3]]
+    engine = Engine(model, max_slots=4, page_size=PAGE, num_pages=64)
+    engine.generate(reqs)
+    traces = dict(model_step.TRACES)
+    engine.set_weights(nnx.split(other)[1:])
+    outs = engine.generate(reqs)
+    assert model_step.TRACES["decode"] == traces["decode"] and model_step.TRACES["prefill"] == traces["prefill"]
+    assert engine.stats["page_cache_hits"] == 0  # the old weights' cached pages were dropped
+    assert [o.token_ids for o in outs] == [_alone(other, p, 12) for p in prompts[:3]]
+
+
+def test_lora_adapters_on_a_frozen_base(model, prompts):
+    lora = add_lora(model, rank=4, seed=3)
+    graphdef, trainable, frozen = nnx.split(lora, lora_trainable(), ...)
+    # give the adapters non-zero B so they change the output
+    trainable = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(4), x.shape, x.dtype), trainable)
+    split = (graphdef, trainable, frozen)
+    outs = Engine(split, max_slots=2, page_size=PAGE, num_pages=64).generate(
+        [Request(prompt_ids=p, max_tokens=10, temperature=0.0) for p in prompts[:3]])
+    merged = nnx.merge(*split)
+    assert [o.token_ids for o in outs] == [_alone(merged, p, 10) for p in prompts[:3]]
+    assert [o.token_ids for o in outs] != [_alone(model, p, 10) for p in prompts[:3]]
+
+
+def test_the_next_turn_prefills_only_its_new_tokens(model, prompts):
+    engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64)
+    first = engine.generate([Request(prompt_ids=prompts[4], max_tokens=11, temperature=0.0)])[0]
+    before = engine.stats["prefill_tokens"]
+    history = prompts[4] + first.token_ids  # 36 tokens; the keys and values of 35 are in pages
+    turn = history + [7, 8, 9]
+    second = engine.generate([Request(prompt_ids=turn, max_tokens=6, temperature=0.0)])[0]
+    assert engine.stats["page_cache_hits"] == 35 // PAGE
+    assert engine.stats["prefill_tokens"] - before == len(turn) - (35 // PAGE) * PAGE
+    assert second.token_ids == _alone(model, turn, 6)
