@@ -1,0 +1,1 @@
+"""The rollout engine: paged KV cache, continuous batching, ragged paged attention."""
