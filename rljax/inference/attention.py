@@ -188,13 +188,25 @@ def _pallas(q, k_pages, v_pages, page_table, kv_len, q_len):
     """JAX's TPU kernel (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``) on this layout."""
     from jax.experimental.pallas.ops.tpu import ragged_paged_attention as rpa
 
-    R, T, H, hd = q.shape
+    R, T, _, hd = q.shape
     args, token = _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len)
-    # Off a TPU (interpret mode) the kernel's tuned-block-size table does not apply: small blocks.
+    # Off a TPU (interpret mode, or compiling for a TPU target from a CPU host) the kernel's table of
+    # tuned block sizes cannot look up the chip: small blocks.
     blocks = {} if jax.default_backend() == "tpu" else dict(
         num_kv_pages_per_block=min(page_table.shape[1], 8), num_queries_per_block=min(R * T, 8))
-    out = rpa.ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(hd), **blocks)
-    return out[token].reshape(R, T, H, hd)
+    packed = rpa.ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(hd), **blocks)
+    return _pallas_unpack(packed, token, q.shape, k_pages.shape[2])
+
+
+def _pallas_kv_heads(kv_heads: int, dtype) -> int:
+    """The fewest KV heads, at least ``kv_heads``, whose interleaved K/V pool the kernel tiles: the
+    combined heads over the dtype's packing (1 for float32, 2 for bfloat16) must be 1, 2, 4 or a
+    multiple of 8 (so SmolLM2's 3 KV heads are padded to 4)."""
+    packing = max(4 // jnp.dtype(dtype).itemsize, 1)
+    n = kv_heads
+    while (2 * n) % packing or not ((m := 2 * n // packing) in (1, 2, 4) or m % 8 == 0):
+        n += 1
+    return n
 
 
 def _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len):
@@ -203,17 +215,33 @@ def _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len):
 
     The kernel takes the live queries packed row after row (``cu_q_lens``), queries at the last
     ``q_len`` positions of each row (``kv_len - q_len + t``, which is ``q_start + t`` here), and one
-    pool with K and V heads interleaved (``[N, page_size, 2 * KVH, hd]``, K at even heads). The
-    interleaved pool is built on every call, a copy of both pools that an engine on TPU avoids by
-    storing its pool that way. Padding queries read token 0 (masked by the caller).
+    pool with K and V heads interleaved (``[N, page_size, 2 * KVH, hd]``, K at even heads), the KV
+    heads padded with zeros to a count it tiles (:func:`_pallas_kv_heads`; the extra query heads are
+    zeros too, dropped by :func:`_pallas_unpack`) and the head dim padded with zeros to a multiple of
+    128 (its softmax statistics are 128 lanes wide; zeros change no score). The padded, interleaved
+    pool is built on every call, a copy of both pools that an engine on TPU avoids by storing its
+    pool that way.
     """
     R, T, H, hd = q.shape
     N, ps, KVH, _ = k_pages.shape
-    kv = jnp.stack([k_pages, v_pages], axis=3).reshape(N, ps, 2 * KVH, hd)
+    G, kvh, hdp = H // KVH, _pallas_kv_heads(KVH, k_pages.dtype), -(-hd // 128) * 128
+    pad = ((0, 0),) * 2 + ((0, kvh - KVH), (0, hdp - hd))
+    kv = jnp.stack([jnp.pad(k_pages, pad), jnp.pad(v_pages, pad)], axis=3).reshape(N, ps, 2 * kvh, hdp)
+    q = jnp.pad(q.reshape(R * T, KVH, G, hd), ((0, 0), (0, kvh - KVH), (0, 0), (0, hdp - hd)))
+    q = q.reshape(R * T, kvh * G, hdp)
     starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_len).astype(jnp.int32)])  # [R + 1]
     t = jnp.arange(T, dtype=jnp.int32)[None, :]
     live = t < q_len[:, None]
     token = jnp.where(live, starts[:-1, None] + t, R * T).reshape(R * T)  # R * T: out of range, dropped
-    flat = jnp.zeros((R * T, H, hd), q.dtype).at[token].set(q.reshape(R * T, H, hd), mode="drop")
+    flat = jnp.zeros_like(q).at[token].set(q, mode="drop")
     args = (flat, kv, kv_len.astype(jnp.int32), page_table.astype(jnp.int32), starts, jnp.array([R], jnp.int32))
     return args, jnp.where(live.reshape(R * T), token, 0)
+
+
+def _pallas_unpack(packed, token, shape, kv_heads: int):
+    """The kernel's packed output ``[R * T, kvh * G, hdp]`` back to ``shape`` ``[R, T, H, hd]``
+    (padding queries read token 0; the caller masks them)."""
+    R, T, H, hd = shape
+    G = H // kv_heads
+    out = packed[token].reshape(R, T, -1, G, packed.shape[-1])[:, :, :kv_heads, :, :hd]
+    return out.reshape(R, T, H, hd)
