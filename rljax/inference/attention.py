@@ -114,12 +114,6 @@ def _check_pool(k_pages, v_pages):
                          f"both be [num_pages, page_size, KVH, hd]")
 
 
-def _pages(pool, ids):
-    """``pool[ids]``, gathered as whole flat pages (XLA:CPU gathers rows of a 2-D array faster)."""
-    N = pool.shape[0]
-    return pool.reshape(N, -1)[ids].reshape(*ids.shape, *pool.shape[1:])
-
-
 def _dense_gather(q, k_pages, v_pages, page_table, kv_len, q_start):
     """Each row's P pages gathered into ``[R, P * page_size]`` keys, attended with a position mask."""
     R, T, H, hd = q.shape
@@ -130,8 +124,8 @@ def _dense_gather(q, k_pages, v_pages, page_table, kv_len, q_start):
     visible = in_row[:, None, :] & (key_pos[None, None, :] <= (q_start[:, None] + jnp.arange(T)[None, :])[:, :, None])
     f = _at_least_float32(q.dtype)
     if T == 1:  # as _attention_one_query: multiply-and-reduce reads the gathered pages in place
-        k = _pages(k_pages, page_table).reshape(R, S, KVH, hd)
-        v = jnp.where(in_row[:, :, None, None], _pages(v_pages, page_table).reshape(R, S, KVH, hd), 0)  # NaN-safe
+        k = k_pages[page_table].reshape(R, S, KVH, hd)
+        v = jnp.where(in_row[:, :, None, None], v_pages[page_table].reshape(R, S, KVH, hd), 0)  # NaN-safe
         scores = jnp.sum(q.reshape(R, 1, KVH, G, hd) * k[:, :, :, None, :], axis=-1)  # [R, S, KVH, G]
         scores = jnp.where(visible[:, 0, :, None, None], scores.astype(f) / math.sqrt(hd), jnp.finfo(f).min)
         probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
@@ -166,8 +160,8 @@ def _ragged_decode(q, k_pages, v_pages, page_table, kv_len, q_start, live_pages:
     r = jnp.minimum(row, R - 1)
     index = j - (ends[r] - pages[r])  # page number within its row
     page = jnp.where(live, page_table[r, jnp.clip(index, 0, P - 1)], 0)
-    k = _pages(k_pages, page)  # [L, ps, KVH, hd]
-    v = _pages(v_pages, page)
+    k = k_pages[page]  # [L, ps, KVH, hd]
+    v = v_pages[page]
     key_pos = index[:, None] * ps + jnp.arange(ps, dtype=jnp.int32)[None, :]  # [L, ps]
     visible = live[:, None] & (key_pos < kv_len[r][:, None]) & (key_pos <= q_start[r][:, None])
     f = _at_least_float32(q.dtype)
