@@ -128,6 +128,17 @@ def test_float64_is_exactly_dense_attention(T, impl):
         _close(out, _dense(case, k_rows, v_rows), 1e-12)
 
 
+@pytest.mark.parametrize("T,impl", [(1, "dense"), (1, "ragged"), (5, "dense")])
+def test_bfloat16_stays_bfloat16_and_within_its_rounding(T, impl):
+    kv_len = np.array([0, 1, PS, 2 * PS + 1, 3 * PS - 1, 6])
+    case, k_rows, v_rows = _case(kv_len, np.minimum(kv_len, T), T=T, seed=4)
+    half = {n: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for n, a in case.items()}
+    kw = {"live_pages": _live_pages(kv_len)} if impl == "ragged" else {}
+    out = _attend(half, True, impl=impl, **kw)
+    assert out.dtype == jnp.bfloat16
+    _close(out.astype(jnp.float32), _dense(case, k_rows, v_rows), 1e-2)  # bfloat16 keeps 8 bits
+
+
 @pytest.mark.parametrize("impl", ["dense", "ragged"])
 def test_garbage_in_unwritten_slots_does_not_reach_the_output(impl):
     kv_len, q_len = _decode_lens()
