@@ -70,9 +70,9 @@ def main():
                                                  impl="dense"),
         f"ragged, live_pages = {live}": lambda: attend(q, k_pages, v_pages, jnp.asarray(table), kv, q_start, q_len,
                                                        live_pages=live, impl="ragged"),
-        f"ragged, live_pages = {-(-live // 256) * 256} (bucketed)": lambda: attend(
-            q, k_pages, v_pages, jnp.asarray(table), kv, q_start, q_len, live_pages=-(-live // 256) * 256,
-            impl="ragged"),
+        **{f"ragged, live_pages = {b} (bucketed)": functools.partial(
+            attend, q, k_pages, v_pages, jnp.asarray(table), kv, q_start, q_len, live_pages=b, impl="ragged")
+           for b in (-(-live // 64) * 64, -(-live // 256) * 256)},
         f"padded {PADDED}-slot cache (_attention_one_query)": functools.partial(
             jax.jit(_attention_one_query), q, k_pad, v_pad, key_mask, q_start[:, None]),
     }

@@ -114,12 +114,6 @@ def _check_pool(k_pages, v_pages):
                          f"both be [num_pages, page_size, KVH, hd]")
 
 
-def _pages(pool, ids):
-    """``pool[ids]``, gathered as whole flat pages (XLA:CPU gathers rows of a 2-D array faster)."""
-    N = pool.shape[0]
-    return pool.reshape(N, -1)[ids].reshape(*ids.shape, *pool.shape[1:])
-
-
 def _dense_gather(q, k_pages, v_pages, page_table, kv_len, q_start):
     """Each row's P pages gathered into ``[R, P * page_size]`` keys, attended with a position mask."""
     R, T, H, hd = q.shape
@@ -130,8 +124,8 @@ def _dense_gather(q, k_pages, v_pages, page_table, kv_len, q_start):
     visible = in_row[:, None, :] & (key_pos[None, None, :] <= (q_start[:, None] + jnp.arange(T)[None, :])[:, :, None])
     f = _at_least_float32(q.dtype)
     if T == 1:  # as _attention_one_query: multiply-and-reduce reads the gathered pages in place
-        k = _pages(k_pages, page_table).reshape(R, S, KVH, hd)
-        v = jnp.where(in_row[:, :, None, None], _pages(v_pages, page_table).reshape(R, S, KVH, hd), 0)  # NaN-safe
+        k = k_pages[page_table].reshape(R, S, KVH, hd)
+        v = jnp.where(in_row[:, :, None, None], v_pages[page_table].reshape(R, S, KVH, hd), 0)  # NaN-safe
         scores = jnp.sum(q.reshape(R, 1, KVH, G, hd) * k[:, :, :, None, :], axis=-1)  # [R, S, KVH, G]
         scores = jnp.where(visible[:, 0, :, None, None], scores.astype(f) / math.sqrt(hd), jnp.finfo(f).min)
         probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
@@ -166,8 +160,8 @@ def _ragged_decode(q, k_pages, v_pages, page_table, kv_len, q_start, live_pages:
     r = jnp.minimum(row, R - 1)
     index = j - (ends[r] - pages[r])  # page number within its row
     page = jnp.where(live, page_table[r, jnp.clip(index, 0, P - 1)], 0)
-    k = _pages(k_pages, page)  # [L, ps, KVH, hd]
-    v = _pages(v_pages, page)
+    k = k_pages[page]  # [L, ps, KVH, hd]
+    v = v_pages[page]
     key_pos = index[:, None] * ps + jnp.arange(ps, dtype=jnp.int32)[None, :]  # [L, ps]
     visible = live[:, None] & (key_pos < kv_len[r][:, None]) & (key_pos <= q_start[r][:, None])
     f = _at_least_float32(q.dtype)
@@ -188,13 +182,25 @@ def _pallas(q, k_pages, v_pages, page_table, kv_len, q_len):
     """JAX's TPU kernel (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``) on this layout."""
     from jax.experimental.pallas.ops.tpu import ragged_paged_attention as rpa
 
-    R, T, H, hd = q.shape
+    R, T, _, hd = q.shape
     args, token = _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len)
-    # Off a TPU (interpret mode) the kernel's tuned-block-size table does not apply: small blocks.
+    # Off a TPU (interpret mode, or compiling for a TPU target from a CPU host) the kernel's table of
+    # tuned block sizes cannot look up the chip: small blocks.
     blocks = {} if jax.default_backend() == "tpu" else dict(
         num_kv_pages_per_block=min(page_table.shape[1], 8), num_queries_per_block=min(R * T, 8))
-    out = rpa.ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(hd), **blocks)
-    return out[token].reshape(R, T, H, hd)
+    packed = rpa.ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(hd), **blocks)
+    return _pallas_unpack(packed, token, q.shape, k_pages.shape[2])
+
+
+def _pallas_kv_heads(kv_heads: int, dtype) -> int:
+    """The fewest KV heads, at least ``kv_heads``, whose interleaved K/V pool the kernel tiles: the
+    combined heads over the dtype's packing (1 for float32, 2 for bfloat16) must be 1, 2, 4 or a
+    multiple of 8 (so SmolLM2's 3 KV heads are padded to 4)."""
+    packing = max(4 // jnp.dtype(dtype).itemsize, 1)
+    n = kv_heads
+    while (2 * n) % packing or not ((m := 2 * n // packing) in (1, 2, 4) or m % 8 == 0):
+        n += 1
+    return n
 
 
 def _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len):
@@ -203,17 +209,33 @@ def _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len):
 
     The kernel takes the live queries packed row after row (``cu_q_lens``), queries at the last
     ``q_len`` positions of each row (``kv_len - q_len + t``, which is ``q_start + t`` here), and one
-    pool with K and V heads interleaved (``[N, page_size, 2 * KVH, hd]``, K at even heads). The
-    interleaved pool is built on every call, a copy of both pools that an engine on TPU avoids by
-    storing its pool that way. Padding queries read token 0 (masked by the caller).
+    pool with K and V heads interleaved (``[N, page_size, 2 * KVH, hd]``, K at even heads), the KV
+    heads padded with zeros to a count it tiles (:func:`_pallas_kv_heads`; the extra query heads are
+    zeros too, dropped by :func:`_pallas_unpack`) and the head dim padded with zeros to a multiple of
+    128 (its softmax statistics are 128 lanes wide; zeros change no score). The padded, interleaved
+    pool is built on every call, a copy of both pools that an engine on TPU avoids by storing its
+    pool that way.
     """
     R, T, H, hd = q.shape
     N, ps, KVH, _ = k_pages.shape
-    kv = jnp.stack([k_pages, v_pages], axis=3).reshape(N, ps, 2 * KVH, hd)
+    G, kvh, hdp = H // KVH, _pallas_kv_heads(KVH, k_pages.dtype), -(-hd // 128) * 128
+    pad = ((0, 0),) * 2 + ((0, kvh - KVH), (0, hdp - hd))
+    kv = jnp.stack([jnp.pad(k_pages, pad), jnp.pad(v_pages, pad)], axis=3).reshape(N, ps, 2 * kvh, hdp)
+    q = jnp.pad(q.reshape(R * T, KVH, G, hd), ((0, 0), (0, kvh - KVH), (0, 0), (0, hdp - hd)))
+    q = q.reshape(R * T, kvh * G, hdp)
     starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_len).astype(jnp.int32)])  # [R + 1]
     t = jnp.arange(T, dtype=jnp.int32)[None, :]
     live = t < q_len[:, None]
     token = jnp.where(live, starts[:-1, None] + t, R * T).reshape(R * T)  # R * T: out of range, dropped
-    flat = jnp.zeros((R * T, H, hd), q.dtype).at[token].set(q.reshape(R * T, H, hd), mode="drop")
+    flat = jnp.zeros_like(q).at[token].set(q, mode="drop")
     args = (flat, kv, kv_len.astype(jnp.int32), page_table.astype(jnp.int32), starts, jnp.array([R], jnp.int32))
     return args, jnp.where(live.reshape(R * T), token, 0)
+
+
+def _pallas_unpack(packed, token, shape, kv_heads: int):
+    """The kernel's packed output ``[R * T, kvh * G, hdp]`` back to ``shape`` ``[R, T, H, hd]``
+    (padding queries read token 0; the caller masks them)."""
+    R, T, H, hd = shape
+    G = H // kv_heads
+    out = packed[token].reshape(R, T, -1, G, packed.shape[-1])[:, :, :kv_heads, :, :hd]
+    return out.reshape(R, T, H, hd)

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.inference.attention import _pallas_layout, ragged_paged_attention, write_kv
+from rljax.inference.attention import (_pallas_kv_heads, _pallas_layout, _pallas_unpack, ragged_paged_attention,
+                                      write_kv)
 from rljax.models.transformer import _attention
 
 PS = 4  # page size
@@ -127,6 +128,17 @@ def test_float64_is_exactly_dense_attention(T, impl):
         _close(out, _dense(case, k_rows, v_rows), 1e-12)
 
 
+@pytest.mark.parametrize("T,impl", [(1, "dense"), (1, "ragged"), (5, "dense")])
+def test_bfloat16_stays_bfloat16_and_within_its_rounding(T, impl):
+    kv_len = np.array([0, 1, PS, 2 * PS + 1, 3 * PS - 1, 6])
+    case, k_rows, v_rows = _case(kv_len, np.minimum(kv_len, T), T=T, seed=4)
+    half = {n: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for n, a in case.items()}
+    kw = {"live_pages": _live_pages(kv_len)} if impl == "ragged" else {}
+    out = _attend(half, True, impl=impl, **kw)
+    assert out.dtype == jnp.bfloat16
+    _close(out.astype(jnp.float32), _dense(case, k_rows, v_rows), 1e-2)  # bfloat16 keeps 8 bits
+
+
 @pytest.mark.parametrize("impl", ["dense", "ragged"])
 def test_garbage_in_unwritten_slots_does_not_reach_the_output(impl):
     kv_len, q_len = _decode_lens()
@@ -163,6 +175,18 @@ def test_write_kv_writes_each_row_to_its_own_pages_and_drops_padding():
             np.testing.assert_array_equal(g, e)  # every other slot, page 0 included, unchanged
 
 
+def test_write_kv_into_donated_pools_copies_no_pool():
+    """In place: with the pools donated the compiled program aliases them to its outputs and holds
+    no copy of a pool; without donation XLA must copy both (so the check can see a copy)."""
+    pool, new = jax.ShapeDtypeStruct((64, PS, 2, 8), jnp.float32), jax.ShapeDtypeStruct((3, 2, 2, 8), jnp.float32)
+    rows = jax.ShapeDtypeStruct((3,), jnp.int32)
+    args = (pool, pool, new, new, jax.ShapeDtypeStruct((3, 4), jnp.int32), rows, rows)
+    pool_copies = lambda hlo: [line for line in hlo.splitlines() if "copy(" in line and "f32[64,4,2,8]" in line]
+    donated = jax.jit(write_kv, donate_argnums=(0, 1)).lower(*args).compile().as_text()
+    assert pool_copies(donated) == [] and "input_output_alias" in donated
+    assert len(pool_copies(jax.jit(write_kv).lower(*args).compile().as_text())) == 2
+
+
 def test_chunked_prefill_then_decode_through_write_kv_equals_dense_causal_attention():
     """The engine's sequence of calls: two prefill chunks and a decode step written with write_kv
     and attended, against one dense causal pass over the whole sequence."""
@@ -195,22 +219,28 @@ def test_chunked_prefill_then_decode_through_write_kv_equals_dense_causal_attent
     _close(outs, ref, 1e-5)
 
 
-def test_the_tpu_kernel_layout_gives_the_kernel_reference_the_same_attention():
+@pytest.mark.parametrize("KVH", [2, 3])  # 3 KV heads (SmolLM2) are padded to 4 for the kernel
+def test_the_tpu_kernel_layout_gives_the_kernel_reference_the_same_attention(KVH):
     """The conversion for JAX's TPU kernel, checked through the kernel's own pure-JAX reference
     (``ref_ragged_paged_attention``, same argument layout); the kernel itself needs a TPU."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
     kv_len = [3 * PS, 0, 9, 1]
     q_len = [5, 0, 2, 1]
-    case, k_rows, v_rows = _case(kv_len, q_len, T=5, fill=0.0)  # the reference reads whole pages
+    case, k_rows, v_rows = _case(kv_len, q_len, T=5, KVH=KVH, fill=0.0)  # the reference reads whole pages
     names = ("q", "k_pages", "v_pages", "page_table", "kv_len", "q_len")
     args, token = _pallas_layout(*(case[n] for n in names))
     R, T, H, hd = case["q"].shape
-    packed = ref_ragged_paged_attention(*args, sm_scale=1.0 / np.sqrt(hd))  # [sum(q_len), H, hd]
-    packed = jnp.concatenate([packed, jnp.zeros((R * T - packed.shape[0], H, hd))])
+    packed = ref_ragged_paged_attention(*args, sm_scale=1.0 / np.sqrt(hd))  # [sum(q_len), H', hd]
+    packed = jnp.concatenate([packed, jnp.zeros((R * T - packed.shape[0], *packed.shape[1:]))])
+    out = _pallas_unpack(packed, token, (R, T, H, hd), KVH)
     valid = (np.arange(T)[None, :] < np.asarray(q_len)[:, None])[:, :, None, None]
-    out = jnp.where(valid, packed[token].reshape(R, T, H, hd), 0)
-    _close(out, _dense(case, k_rows, v_rows), 1e-5)
+    _close(jnp.where(valid, out, 0), _dense(case, k_rows, v_rows), 1e-5)
+
+
+def test_tpu_kernel_head_padding():
+    assert [_pallas_kv_heads(n, jnp.float32) for n in (1, 2, 3, 4, 5, 8, 12)] == [1, 2, 4, 4, 8, 8, 12]
+    assert [_pallas_kv_heads(n, jnp.bfloat16) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
 
 
 def test_bad_arguments_are_named():
