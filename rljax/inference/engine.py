@@ -127,6 +127,7 @@ class Engine:
         if num_pages is None:
             num_pages = default_num_pages(self, tuple(states))
         self.pool = PagePool(num_pages, page_size)
+        self.max_pages_per_sequence = min(math.ceil(self.max_context / page_size), self.pool.capacity)
         self.kv = model_step.empty_pages(self.config, num_pages, page_size, self.dtype)
         self.set_weights(tuple(states))
         self._slots: list[_Sequence | None] = [None] * max_slots
@@ -399,7 +400,10 @@ class Engine:
         if not any(rows):
             return
         S = self.max_slots
-        width = bucket_length(max(len(s.pages) for s in rows if s is not None), 1, 2)
+        # one page-table width for every decode step; the attention reads only the live pages
+        # (ragged: work in proportion to the tokens in flight), bucketed so few programs compile
+        width = self.max_pages_per_sequence
+        live = bucket_length(sum(len(s.pages) for s in rows if s is not None), 16, 2)
         tokens, start, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, np.int32)
         table = np.full((S, width), NULL_PAGE, np.int32)
         for i, s in enumerate(rows):
@@ -409,7 +413,8 @@ class Engine:
         sampling, filtered = self._sampling(rows)
         t0 = time.perf_counter()
         self.kv, next_tokens, logps = model_step.decode(self.graphdef, self.states, self.weights, self.kv, tokens,
-                                                        start, active, table, sampling, filtered=filtered)
+                                                        start, active, table, sampling, live_pages=live,
+                                                        filtered=filtered)
         next_tokens, logps = np.asarray(next_tokens), np.asarray(logps)
         self.stats["decode_seconds"] += time.perf_counter() - t0
         self.stats["decode_steps"] += 1
