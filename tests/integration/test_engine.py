@@ -167,7 +167,7 @@ def test_a_request_longer_than_the_pool_is_refused_at_once(model, prompts):
 
 def test_new_weights_run_without_a_recompile_and_give_the_new_models_output(model, prompts):
     other = init_model(tiny_config(64), seed=2)
-    reqs = [Request(prompt_ids=p, max_tokens=12, temperature=0.0) for p in prompts[:3]]
+    reqs = [Request(prompt_ids=p, max_tokens=12, temperature=0.0, stop_token_ids=(STOP,)) for p in prompts[:3]]
     engine = Engine(model, max_slots=4, page_size=PAGE, num_pages=64)
     engine.generate(reqs)
     traces = dict(model_step.TRACES)
@@ -185,7 +185,7 @@ def test_lora_adapters_on_a_frozen_base(model, prompts):
     trainable = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(4), x.shape, x.dtype), trainable)
     split = (graphdef, trainable, frozen)
     outs = Engine(split, max_slots=2, page_size=PAGE, num_pages=64).generate(
-        [Request(prompt_ids=p, max_tokens=10, temperature=0.0) for p in prompts[:3]])
+        [Request(prompt_ids=p, max_tokens=10, temperature=0.0, stop_token_ids=(STOP,)) for p in prompts[:3]])
     merged = nnx.merge(*split)
     assert [o.token_ids for o in outs] == [_alone(merged, p, 10) for p in prompts[:3]]
     assert [o.token_ids for o in outs] != [_alone(model, p, 10) for p in prompts[:3]]
@@ -194,10 +194,11 @@ def test_lora_adapters_on_a_frozen_base(model, prompts):
 def test_the_next_turn_prefills_only_its_new_tokens(model, prompts):
     engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64)
     first = engine.generate([Request(prompt_ids=prompts[4], max_tokens=11, temperature=0.0)])[0]
+    assert len(first.token_ids) == 11
     before = engine.stats["prefill_tokens"]
     history = prompts[4] + first.token_ids  # 36 tokens; the keys and values of 35 are in pages
     turn = history + [7, 8, 9]
-    second = engine.generate([Request(prompt_ids=turn, max_tokens=6, temperature=0.0)])[0]
+    second = engine.generate([Request(prompt_ids=turn, max_tokens=6, temperature=0.0, stop_token_ids=(STOP,))])[0]
     assert engine.stats["page_cache_hits"] == 35 // PAGE
     assert engine.stats["prefill_tokens"] - before == len(turn) - (35 // PAGE) * PAGE
     assert second.token_ids == _alone(model, turn, 6)
