@@ -52,7 +52,7 @@ mesh: {{fsdp: 1}}
     assert "update" in programs and report.fits
     assert programs["update"].argument_bytes > 0 and programs["update"].flops
     if algorithm.online:
-        assert "sampler" in programs
+        assert "engine prefill" in programs and "engine decode" in programs
     assert ("scoring" in programs) == algorithm.needs_reference(cfg.algorithm)
     has_head = (algorithm.value_head(cfg.algorithm) == "shared") if algorithm.online else algorithm.value_head
     assert report.num_params == TINY_PARAMS + (33 if has_head else 0)  # a value head: w [32] and b [1]

@@ -72,8 +72,9 @@ def _run_cli(args, tmp_path):
 def test_plan_cpu_mesh_reports_bytes_per_chip_and_refuses_what_does_not_fit(plan_config, tmp_path):
     report_path = tmp_path / "plan.json"
     # 0.1 MiB per chip: not even the update's arguments (parameters and AdamW moments: 160 KiB) fit
-    proc = _run_cli([plan_config, "--target", "cpu-8", "--memory-gib", str(0.1 / 1024), "--json", str(report_path)],
-                    tmp_path)
+    # the static sampler, whose argument bytes are counted below (the engine's programs: the next test)
+    proc = _run_cli([plan_config, "--target", "cpu-8", "--memory-gib", str(0.1 / 1024), "--json", str(report_path),
+                     "sampling.engine=static"], tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     out = proc.stdout
     assert "DOES NOT FIT" in out
@@ -115,6 +116,20 @@ def test_plan_cpu_mesh_reports_bytes_per_chip_and_refuses_what_does_not_fit(plan
     assert update["flops"] == pytest.approx(update["analytic_flops"] / 8, rel=0.1)
     assert sorted(report["replicated"]) == ["layers.wk: kv_heads=1 not divisible by tensor=2",
                                             "layers.wv: kv_heads=1 not divisible by tensor=2"]
+
+
+def test_plan_compiles_the_engines_prefill_and_decode_and_counts_kv_pages(plan_config, tmp_path):
+    report_path = tmp_path / "plan.json"
+    proc = _run_cli([plan_config, "--target", "cpu-8", "--json", str(report_path), "sampling.page_size=4"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    programs = {p["name"]: p for p in report["programs"]}
+    assert set(programs) == {"update", "scoring", "engine prefill", "engine decode"}
+    decode = programs["engine decode"]
+    # the page pools (keys and values of every layer) are donated: updated in place
+    assert decode["alias_bytes"] > 0 and decode["decode_steps"] > 0
+    assert "KV pages per chip:" in decode["note"] and "of 4 tokens" in decode["note"]
+    assert "KV pages per chip:" in proc.stdout
 
 
 def test_plan_errors_name_the_setting(plan_config, capsys):
@@ -187,7 +202,7 @@ def test_plan_h100_8_compiles_without_a_gpu(plan_config, tmp_path):
     assert report["fits"] and report["num_devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
     assert report["memory_bytes"] == int(84942979072 * 0.75)
     programs = {p["name"]: p for p in report["programs"]}
-    assert set(programs) == {"update", "scoring", "sampler"}
+    assert set(programs) == {"update", "scoring", "engine prefill", "engine decode"}
     # the same per-device shards as on the CPU mesh: parameters, AdamW moments and steps, the batch
     assert programs["update"]["argument_bytes"] == 3 * _per_chip_param_bytes() + 8 * 2 * 16 * 4 + 2 * 4
     assert programs["update"]["collectives"].get("all-gather", 0) > 0

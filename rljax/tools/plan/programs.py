@@ -229,7 +229,11 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     score_values, (*split, batch), {},
                     analytic_flops(critic_config if separate else config, P + N, R, passes=1.0, with_head=False),
                     state=split[1:]))
-            programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
+            if cfg.sampling.engine == "paged":
+                programs += _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules,
+                                    memory - resident)
+            else:
+                programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
         else:
             B, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(B, mesh, "algorithm.batch_size")
@@ -335,6 +339,66 @@ def _sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules) -> Pro
     weights = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves((params, frozen)))
     report.decode_steps, report.decode_flops, report.decode_bytes = N - 1, decode, (weights + cache) / n
     return report
+
+
+def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_bytes) -> list[ProgramReport]:
+    """The rollout engine's programs (``rljax.inference.model_step``): the prefill of a full set of
+    slots' prompts and one decode step of every slot, over a page pool as large as the step's rows
+    need; the decode report's note says how many KV pages (concurrent tokens) fit per chip beside
+    the run's state and the decode step's temporaries."""
+    from jax.sharding import NamedSharding
+
+    from rljax.buckets import bucket_length
+    from rljax.inference import model_step
+    from rljax.sharding import logical_to_spec, replicated
+
+    s, c = cfg.sampling, config
+    S, ps = s.max_slots, s.page_size
+    rows = min(R, S)  # sequences in flight at once
+    per_seq = math.ceil((P + N) / ps)
+    num_pages = rows * per_seq + 1
+    itemsize = jnp.dtype(_dtype_of(cfg)).itemsize
+    shape = (num_pages, ps, c.num_kv_heads, c.head_dim)
+    pool = _spec(shape, _dtype_of(cfg), NamedSharding(mesh, logical_to_spec((None, None, "kv_heads", None), shape,
+                                                                             mesh, rules)))
+    kv = (tuple(pool for _ in range(c.num_layers)), tuple(pool for _ in range(c.num_layers)))
+    rep = replicated(mesh)
+    i32, f32 = jnp.int32, jnp.float32
+    states = (params, frozen)
+    # the decode weights as the engine holds them: the output of their own program, laid out by XLA
+    compiled = model_step.decode_weights.lower(graphdef, states).compile()
+    weights = jax.tree.map(lambda x, sh: _spec(x.shape, x.dtype, sh),
+                           jax.eval_shape(lambda st: model_step.decode_weights(graphdef, st), states),
+                           compiled.output_shardings)
+    T, width = bucket_length(P, 16, 1), bucket_length(math.ceil(P / ps), 1, 1)
+    Rp = bucket_length(rows, 1, 1)
+    prefill = _compile(
+        "engine prefill", f"prefill: [{Rp} rows, {T} tokens] into pages of {ps}",
+        model_step.prefill, (graphdef, states, weights, kv, _spec((Rp, T), i32, rep), _spec((Rp,), i32, rep),
+                             _spec((Rp,), i32, rep), _spec((Rp, width), i32, rep)), {},
+        analytic_flops(config, P, rows, passes=1.0), state=states)
+    prefill.decode_steps = 0
+    sampling = {"seed": _spec((S,), jnp.uint32, rep), "counter": _spec((S,), i32, rep),
+                "temperature": _spec((S,), f32, rep), "top_k": _spec((S,), i32, rep), "top_p": _spec((S,), f32, rep)}
+    live = bucket_length(rows * per_seq, 16, 2)
+    filtered = bool(s.top_k) or s.top_p < 1
+    step = S * (2 * _matmul_params(config) + 4 * c.num_layers * c.num_heads * c.head_dim * (P + N // 2))
+    decode = _compile(
+        "engine decode", f"decode: one token for each of {S} slots, ragged attention over {live} live pages",
+        model_step.decode, (graphdef, states, weights, kv, _spec((S,), i32, rep), _spec((S,), i32, rep),
+                            _spec((S,), i32, rep), _spec((S, per_seq), i32, rep), sampling),
+        dict(live_pages=live, filtered=filtered), step, state=states)
+    n = mesh.devices.size
+    weight_bytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(states))
+    kv_read = 2 * c.num_layers * rows * (P + N // 2) * c.num_kv_heads * c.head_dim * itemsize
+    steps = math.ceil(R / S) * N
+    decode.decode_steps, decode.decode_flops, decode.decode_bytes = steps - 1, step, (weight_bytes + kv_read) / n
+    page_bytes = _chip_bytes(pool) / num_pages
+    fit = int(max(free_bytes - decode.temp_bytes - _chip_bytes(weights), 0) // page_bytes)
+    decode.note = (f"KV pages per chip: {fit:,} of {ps} tokens ({fit * ps:,} concurrent tokens) beside the run's "
+                   f"state, the decode weights and the decode step's temporaries; this step needs "
+                   f"{rows * per_seq:,} ({rows} sequences of up to {P}+{N} tokens)")
+    return [prefill, decode]
 
 
 def _dtype_of(cfg):
