@@ -5,12 +5,14 @@
     roll = episodes_rollout(episodes, repeats=G, credit="trajectory", pad_id=pad)   # rljax.rollout.Rollout
     episode_metrics(episodes)                                                        # env/* metrics
 
-One turn for the whole batch: every unfinished episode's context (its token sequence so far) is
-left-padded into one prompt batch, the sampler generates the next assistant turn for all of them
-(``rljax.sampling.generate``: tokens and their log-probs), each environment answers its episode's
-message (``step``, in a thread pool, so slow tools overlap), and the answer is appended; until every
-episode is terminated, truncated (``max_turns`` assistant turns, or no room for another turn of
-``max_new_tokens`` within ``max_tokens``) or failed (its environment raised; counted, the others go on).
+Each episode's context (its token sequence so far) is sampled for the next assistant turn, the
+environment answers the turn's message (``step``, in a thread pool, so slow tools overlap), and the
+answer is appended; until the episode is terminated, truncated (``max_turns`` assistant turns, or no
+room for another turn of ``max_new_tokens`` within ``max_tokens``) or failed (its environment raised;
+counted, the others go on). On the rollout engine (:class:`EngineTurns`) each episode advances on its
+own: its next turn is queued as soon as its environment answered, so an episode waiting on a slow tool
+holds no other, and the turn prefills only its new tokens. With a batch sampler (``rljax.sampling.generate``)
+the unfinished episodes' contexts are left-padded into one batch per turn, all stepping together.
 A trajectory never grows past ``max_tokens``: an environment reply that would leave no room for the
 next turn ends its episode (truncated for tokens) without being appended.
 
@@ -49,11 +51,10 @@ from rljax.buckets import bucket_length
 from rljax.distributed import place_batch, to_host
 from rljax.environments.base import Environment
 from rljax.rewards.base import RewardOutput, reward_metrics
-from rljax.inference.batch import generate_batch
 from rljax.rollout import Rollout, policy_states
 from rljax.sampling import SamplingConfig, generate
 
-__all__ = ["Episode", "episode_examples", "episode_metrics", "episodes_rollout", "run_episodes", "turn_sampler"]
+__all__ = ["EngineTurns", "Episode", "episode_examples", "episode_metrics", "episodes_rollout", "run_episodes", "turn_sampler"]
 
 # the sampler's output for one turn: tokens, mask, log-probs [B, N] and finished [B] (numpy)
 TurnSampler = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
@@ -100,16 +101,15 @@ def episode_examples(name: str, split: str, size: int, seed: int) -> list[dict]:
             for i in range(size)]
 
 
-def turn_sampler(policy, sampling: SamplingConfig, key: jax.Array, engine=None) -> TurnSampler:
+def turn_sampler(policy, sampling: SamplingConfig, key: jax.Array, engine=None) -> "TurnSampler | EngineTurns":
     """The sampler for :func:`run_episodes`: ``rljax.sampling.generate`` with ``policy`` (an nnx
-    ``Transformer`` or its split state), key ``fold_in(key, turn)`` for turn ``turn``; with an
-    ``engine`` (``rljax.inference.Engine``), the engine, given ``policy``'s weights (the next turn of an
-    episode then prefills only its new tokens: the conversation so far is in cached pages)."""
+    ``Transformer`` or its split state), key ``fold_in(key, turn)`` for turn ``turn``, every episode's
+    turn together; with an ``engine`` (``rljax.inference.Engine``), :class:`EngineTurns`: each
+    episode on its own."""
+    if engine is not None:
+        return EngineTurns(engine, policy, sampling, key)
+
     def sample(prompt_ids, prompt_mask, turn):
-        if engine is not None:
-            engine.set_weights(policy_states(policy))
-            out = generate_batch(engine, prompt_ids, prompt_mask, jax.random.fold_in(key, turn), sampling)
-            return out.tokens, out.mask, out.logprobs, out.finished
         # rows split over the active mesh (rljax.distributed.place_batch), back whole on the host
         ids, mask = place_batch((prompt_ids, prompt_mask))
         out = jax.tree.map(to_host, generate(policy, ids, mask, jax.random.fold_in(key, turn), sampling))
@@ -224,7 +224,7 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
                  examples: Sequence[dict], *, repeats: int = 1, max_turns: int, max_tokens: int,
                  max_new_tokens: int, pad_id: int, workers: int = 8) -> list[Episode]:
     """Run ``repeats`` episodes of each example (``example["seed"]`` and ``example.get("options")``
-    go to ``reset``), example-major, all stepping together; see the module docstring.
+    go to ``reset``), example-major; see the module docstring.
 
     ``sampler(prompt_ids, prompt_mask, turn)``: one assistant turn for a left-padded batch
     (:func:`turn_sampler`), generating at most ``max_new_tokens``; its stop token is the last
@@ -244,40 +244,110 @@ def run_episodes(sampler: TurnSampler, tokenizer: Any, make_env: Callable[[], En
                 raise ValueError(f"the opening prompt of episode seed={e.example.get('seed')} is {e.prompt_length} "
                                  f"tokens, leaving no room for a turn of {max_new_tokens} tokens within "
                                  f"max_tokens={max_tokens}; raise environment.max_tokens")
-        turn = 0
-        while True:
-            live = [i for i, e in enumerate(episodes) if e.status == "running"]
-            for i in live:
-                e = episodes[i]
-                if e.num_turns >= max_turns or len(e.token_ids) + max_new_tokens > max_tokens:
-                    e.status, e.truncation = "truncated", "turns" if e.num_turns >= max_turns else "tokens"
-            live = [i for i in live if episodes[i].status == "running"]
-            if not live:
-                break
-            ids, mask = pad_sequences([episodes[i].token_ids for i in live], side="left", pad_id=pad_id)
-            tokens, tmask, logprobs, finished = sampler(ids, mask, turn)
-            jobs, replies = [], []
-            for row, i in enumerate(live):
-                e, n = episodes[i], int(tmask[row].sum())
-                sampled = [int(t) for t in tokens[row, :n]]
-                start = len(e.token_ids)
-                e.token_ids += sampled
-                e.policy_mask += [1] * n
-                e.logprobs += [float(x) for x in logprobs[row, :n]]
-                e.turn_spans.append((start, start + n))
-                e.turn_finished.append(bool(finished[row]))
-                stop_text = tokenizer.decode(sampled[-1:], skip_special_tokens=False) if finished[row] and n else None
-                content = tokenizer.decode(sampled, skip_special_tokens=True)
-                jobs.append(pool.submit(_step, envs[i], e, content))
-                replies.append((e, content, stop_text))
-            for job, (e, content, stop_text) in zip(jobs, replies):
-                new_messages = job.result()
-                if new_messages is not None:
-                    _append_reply(tokenizer, e, content, stop_text, new_messages, room=max_tokens - max_new_tokens)
-            turn += 1
+        if isinstance(sampler, EngineTurns):
+            _run_on_engine(sampler, tokenizer, episodes, envs, pool, max_turns=max_turns, max_tokens=max_tokens,
+                           max_new_tokens=max_new_tokens)
+        else:
+            _run_in_lock_step(sampler, tokenizer, episodes, envs, pool, max_turns=max_turns, max_tokens=max_tokens,
+                              max_new_tokens=max_new_tokens, pad_id=pad_id)
     for env in envs:
         _close(env)
     return episodes
+
+
+def _may_continue(e: Episode, *, max_turns: int, max_tokens: int, max_new_tokens: int) -> bool:
+    """Whether a running episode gets another turn; else it is truncated (by turns or tokens)."""
+    if e.num_turns >= max_turns or len(e.token_ids) + max_new_tokens > max_tokens:
+        e.status, e.truncation = "truncated", "turns" if e.num_turns >= max_turns else "tokens"
+        return False
+    return True
+
+
+def _record_turn(tokenizer, e: Episode, sampled: list[int], logprobs, finished: bool) -> tuple[str, str | None]:
+    """Append a sampled turn to the trajectory; its text and the text of its stop token (if it stopped)."""
+    start, n = len(e.token_ids), len(sampled)
+    e.token_ids += sampled
+    e.policy_mask += [1] * n
+    e.logprobs += [float(x) for x in logprobs]
+    e.turn_spans.append((start, start + n))
+    e.turn_finished.append(bool(finished))
+    stop_text = tokenizer.decode(sampled[-1:], skip_special_tokens=False) if finished and n else None
+    return tokenizer.decode(sampled, skip_special_tokens=True), stop_text
+
+
+def _run_in_lock_step(sampler, tokenizer, episodes, envs, pool, *, max_turns, max_tokens, max_new_tokens, pad_id):
+    """One turn for the whole batch at a time (a batch sampler such as the static one)."""
+    turn = 0
+    while True:
+        live = [i for i, e in enumerate(episodes) if e.status == "running" and
+                _may_continue(e, max_turns=max_turns, max_tokens=max_tokens, max_new_tokens=max_new_tokens)]
+        if not live:
+            break
+        ids, mask = pad_sequences([episodes[i].token_ids for i in live], side="left", pad_id=pad_id)
+        tokens, tmask, logprobs, finished = sampler(ids, mask, turn)
+        jobs = []
+        for row, i in enumerate(live):
+            e, n = episodes[i], int(tmask[row].sum())
+            content, stop_text = _record_turn(tokenizer, e, [int(t) for t in tokens[row, :n]], logprobs[row, :n],
+                                              finished[row])
+            jobs.append((pool.submit(_step, envs[i], e, content), e, content, stop_text))
+        for job, e, content, stop_text in jobs:
+            new_messages = job.result()
+            if new_messages is not None:
+                _append_reply(tokenizer, e, content, stop_text, new_messages, room=max_tokens - max_new_tokens)
+        turn += 1
+
+
+class EngineTurns:
+    """The turns of :func:`run_episodes` on a rollout engine (``rljax.inference.Engine``), given
+    ``policy``'s weights: each episode advances on its own (its next turn is queued as soon as its
+    environment answered; an episode waiting on a slow tool holds no other), and its next turn
+    prefills only the new tokens (the conversation so far is in the engine's cached pages). Episode
+    ``i``'s turn ``t`` samples with a seed drawn from ``fold_in(fold_in(key, i), t)``."""
+
+    def __init__(self, engine, policy, sampling: SamplingConfig, key: jax.Array):
+        self.engine, self.policy, self.sampling, self.key = engine, policy, sampling, key
+
+    def request(self, episode: int, turn: int, prompt_ids: list[int]):
+        from rljax.inference import Request
+        from rljax.inference.batch import request_seeds
+
+        s = self.sampling
+        seed = int(request_seeds(jax.random.fold_in(jax.random.fold_in(self.key, episode), turn), 1)[0])
+        return Request(prompt_ids=prompt_ids, max_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                       top_p=s.top_p, stop_token_ids=() if s.ignore_eos else tuple(s.stop_token_ids), seed=seed)
+
+
+def _run_on_engine(turns: EngineTurns, tokenizer, episodes, envs, pool, *, max_turns, max_tokens, max_new_tokens):
+    """Every episode's turns through the engine, each episode on its own (see :class:`EngineTurns`)."""
+    engine = turns.engine
+    engine.set_weights(policy_states(turns.policy))
+    in_engine: dict[int, int] = {}  # request id -> episode index
+    at_env: dict[concurrent.futures.Future, tuple] = {}
+
+    def next_turn(i: int) -> None:
+        e = episodes[i]
+        if e.status == "running" and _may_continue(e, max_turns=max_turns, max_tokens=max_tokens,
+                                                   max_new_tokens=max_new_tokens):
+            in_engine[engine.submit(turns.request(i, e.num_turns, list(e.token_ids)))] = i
+
+    for i in range(len(episodes)):
+        next_turn(i)
+    while in_engine or at_env:
+        for out in engine.step() if in_engine else []:
+            i = in_engine.pop(out.request_id)
+            e = episodes[i]
+            content, stop_text = _record_turn(tokenizer, e, out.token_ids, out.logprobs, out.finish_reason == "stop")
+            at_env[pool.submit(_step, envs[i], e, content)] = (i, content, stop_text)
+        # environments that answered (all of them, blocking, when nothing is left to decode)
+        done = [f for f in at_env if f.done()] if in_engine else \
+            concurrent.futures.wait(list(at_env), return_when=concurrent.futures.FIRST_COMPLETED).done
+        for f in done:
+            i, content, stop_text = at_env.pop(f)
+            new_messages = f.result()
+            if new_messages is not None:
+                _append_reply(tokenizer, episodes[i], content, stop_text, new_messages, room=max_tokens - max_new_tokens)
+            next_turn(i)
 
 
 def episode_metrics(episodes: Sequence[Episode], *, prefix: str = "env/") -> dict[str, float]:

@@ -22,6 +22,7 @@ from rljax.environments.episodes import (episode_examples, episode_metrics, epis
                                          turn_sampler)
 from rljax.environments.tools import Tool, ToolCall, ToolError, parse_tool_calls, run_tool_call
 from rljax.environments.toy import ToyEnv
+from rljax.inference import Engine
 from rljax.logprobs import completion_logprobs
 from rljax.losses.policy import policy_gradient_loss
 from rljax.models import load
@@ -352,10 +353,12 @@ def tiny(tiny_dir):
     return tiny_dir, model, tok
 
 
-def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens_get_no_gradient(tiny):
+@pytest.mark.parametrize("engine", [False, True], ids=["static", "engine"])
+def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens_get_no_gradient(tiny, engine):
     _, model, tok = tiny
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, stop_token_ids=(EOS,), pad_token_id=EOS)
-    episodes = run_episodes(turn_sampler(model, sampling, jax.random.key(0)), tok,
+    engine = Engine(model, max_slots=4, page_size=8) if engine else None
+    episodes = run_episodes(turn_sampler(model, sampling, jax.random.key(0), engine=engine), tok,
                             lambda: build_environment("toy", {"turns": 3}), episode_examples("toy", "train", 2, 0),
                             repeats=2, max_turns=3, max_tokens=256, max_new_tokens=8, pad_id=EOS)
     assert all(e.num_turns == 3 for e in episodes)
@@ -393,6 +396,41 @@ def test_sampler_and_trainer_log_probs_agree_across_turns_and_environment_tokens
     assert clean_value == dirty_value
     for a, b in zip(jax.tree.leaves(clean_grad), jax.tree.leaves(dirty_grad)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_on_the_engine_an_episode_waiting_on_a_slow_tool_holds_no_other(tiny):
+    _, model, tok = tiny
+    others_done = threading.Event()
+    finished, waited = [], []
+
+    class Slow(ToyEnv):
+        def reset(self, seed=None, options=None):
+            self.slow = seed == 0
+            return super().reset(seed=seed, options=options)
+
+        def step(self, action):
+            if self.slow:  # the first turn of the slow episode answers only once every other episode ended
+                waited.append(others_done.wait(timeout=120))
+                self.slow = False
+            out = super().step(action)
+            if out[2]:
+                finished.append(self)
+                if len(finished) == 3:
+                    others_done.set()
+            return out
+
+    register_environment("slow toy", Slow, overwrite=True)
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(EOS,), pad_token_id=EOS)
+    engine = Engine(model, max_slots=4, page_size=8)
+    episodes = run_episodes(turn_sampler(model, sampling, jax.random.key(1), engine=engine), tok,
+                            lambda: build_environment("slow toy", {"turns": 3}),
+                            [{"seed": s} for s in range(4)], max_turns=3, max_tokens=256, max_new_tokens=6,
+                            pad_id=EOS, workers=4)
+    assert waited == [True]  # the three others ran all their turns while the slow one waited
+    assert [e.status for e in episodes] == ["terminated"] * 4 and all(e.num_turns == 3 for e in episodes)
+    # each later turn prefilled only its new tokens: the conversation so far came from cached pages
+    assert engine.stats["page_cache_hits"] > 0
+    assert engine.stats["prefill_tokens"] < sum(len(e.token_ids) for e in episodes)
 
 
 def _agent_cfg(path, run_dir, steps, credit="trajectory"):
