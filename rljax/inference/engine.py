@@ -401,9 +401,9 @@ class Engine:
             return
         S = self.max_slots
         # one page-table width for every decode step; the attention reads only the live pages
-        # (ragged: work in proportion to the tokens in flight), bucketed so few programs compile
+        # (ragged: work in proportion to the tokens in flight), in power-of-two buckets: few compiles
         width = self.max_pages_per_sequence
-        live = bucket_length(sum(len(s.pages) for s in rows if s is not None), 16, 2)
+        live = bucket_length(sum(len(s.pages) for s in rows if s is not None), 16, 1)
         tokens, start, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, np.int32)
         table = np.full((S, width), NULL_PAGE, np.int32)
         for i, s in enumerate(rows):

@@ -380,7 +380,7 @@ def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_by
     prefill.decode_steps = 0
     sampling = {"seed": _spec((S,), jnp.uint32, rep), "counter": _spec((S,), i32, rep),
                 "temperature": _spec((S,), f32, rep), "top_k": _spec((S,), i32, rep), "top_p": _spec((S,), f32, rep)}
-    live = bucket_length(rows * per_seq, 16, 2)
+    live = bucket_length(rows * per_seq, 16, 1)
     filtered = bool(s.top_k) or s.top_p < 1
     step = S * (2 * _matmul_params(config) + 4 * c.num_layers * c.num_heads * c.head_dim * (P + N // 2))
     decode = _compile(
