@@ -168,7 +168,7 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         """Stop a request now (waiting or running): its pages and slot are freed; its output so far
-        is returned by :meth:`step` with ``finish_reason="cancelled"``."""
+        is returned by the next :meth:`step` (or :meth:`pop_finished`) with ``finish_reason="cancelled"``."""
         seq = self._sequences.get(request_id)
         if seq is None:
             return
@@ -189,9 +189,12 @@ class Engine:
             except UserError as e:
                 raise UserError(f"request {i}: {e}") from None
         ids = [self.submit(r) for r in requests]
-        while not all(i in self._finished for i in ids):
-            self.step()
-        return [self._finished.pop(i) for i in ids]
+        done: dict[int, Output] = {}
+        while len(done) < len(ids):
+            done.update((o.request_id, o) for o in self.step())
+        mine = set(ids)
+        self._finished.update((i, o) for i, o in done.items() if i not in mine)  # other callers' outputs stay
+        return [done[i] for i in ids]
 
     def pop_finished(self) -> list[Output]:
         """Outputs finished since the last call (for callers driving :meth:`step` themselves)."""
@@ -230,12 +233,12 @@ class Engine:
     # ------------------------------------------------------------------ one scheduling step
     def step(self) -> list[Output]:
         """Admit waiting requests into free slots, run one prefill call (if any sequence is being
-        prefilled) and one decode step (if any is decoding); return the outputs that finished."""
-        before = set(self._finished)
+        prefilled) and one decode step (if any is decoding); return the outputs that finished since
+        the last :meth:`step` or :meth:`pop_finished` (cancelled ones included)."""
         self._admit()
         self._prefill()
         self._decode()
-        return [self._finished[i] for i in self._finished if i not in before]
+        return self.pop_finished()
 
     def _admit(self) -> None:
         leaders = {tuple(s.prompt): s for s in self._slots
