@@ -271,3 +271,47 @@ def test_new_weights_advance_the_policy_version(served, tiny):
     server.set_weights(server.engine.states)  # the same arrays: nothing recompiles
     client.completions.create(model="tiny", prompt="x", max_tokens=1)
     assert server.policy_version == version + 1 and calls[-1].policy_version == version + 1
+
+
+def test_streaming_with_a_stop_string_and_with_tools(served):
+    _, client, _ = served
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "spell it"}], max_tokens=24, temperature=0)
+    text = client.chat.completions.create(**kw).model_dump()["choices"][0]["message"]["content"]
+    stop = next(text[i:i + 2] for i in range(3, len(text) - 1) if "\ufffd" not in text[i:i + 2])
+    whole = client.chat.completions.create(stop=stop, **kw).model_dump()["choices"][0]
+    chunks = [c.model_dump()["choices"][0] for c in client.chat.completions.create(stop=stop, stream=True, **kw)]
+    assert whole["message"]["content"] == text[:text.find(stop)] and whole["finish_reason"] == "stop"
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == whole["message"]["content"]
+    assert [t for c in chunks for t in c["token_ids"]] == whole["token_ids"]
+    assert chunks[-1]["finish_reason"] == "stop"
+    # with tools shown, the text of a streamed reply waits for its end (a tool call is known only then)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    plain = client.chat.completions.create(tools=tools, **kw).model_dump()["choices"][0]
+    streamed = [c.model_dump()["choices"][0] for c in client.chat.completions.create(tools=tools, stream=True, **kw)]
+    contents = [c["delta"].get("content") for c in streamed]
+    assert all(not c for c in contents[:-1]) and contents[-1] == plain["message"]["content"]
+    assert [t for c in streamed for t in c["token_ids"]] == plain["token_ids"]
+
+
+def test_driver_cancels_and_refuses_without_stopping(tiny):
+    from rljax.serve import EngineDriver
+
+    model, _ = tiny
+    driver = EngineDriver(Engine(model, max_slots=2, page_size=16, num_pages=64))
+    try:
+        seen = []
+        (long,) = driver.submit([Request(prompt_ids=[5, 6, 7], max_tokens=200, temperature=0.0)],
+                                [lambda ids, lps: seen.append(len(ids)) or len(ids) >= 5])
+        out = long.result(timeout=120)
+        assert out.finish_reason == "cancelled" and len(out.token_ids) == len(out.logprobs) >= 5
+        assert seen and seen[-1] == len(out.token_ids)
+        with pytest.raises(UserError, match="max_tokens"):
+            driver.submit([Request(prompt_ids=[5], max_tokens=3), Request(prompt_ids=[5], max_tokens=0)])
+        (ok,) = driver.submit([Request(prompt_ids=[5], max_tokens=3, temperature=0.0)])
+        assert ok.result(timeout=120).finish_reason == "length"
+        (gone,) = driver.submit([Request(prompt_ids=[8, 9], max_tokens=500, temperature=0.0)])
+        driver.cancel([gone])
+        assert gone.result(timeout=120).finish_reason == "cancelled"
+        assert not driver.engine.has_work()
+    finally:
+        driver.close()
