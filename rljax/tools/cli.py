@@ -628,11 +628,11 @@ def _serve(args) -> int:
 
     sources = [bool(args.model), bool(args.checkpoint), bool(args.config)]
     if sum(sources) > 1:
-        raise UserError("rljax serve: give one of --model, --checkpoint RUN_DIR or CONFIG")
+        raise UserError("give one of --model, --checkpoint RUN_DIR or CONFIG")
     if args.step is not None and not args.checkpoint:
-        raise UserError("rljax serve: --step needs --checkpoint RUN_DIR")
+        raise UserError("--step needs --checkpoint RUN_DIR")
     if args.overrides and not args.config:
-        raise UserError(f"rljax serve: overrides ({' '.join(args.overrides)}) need a CONFIG")
+        raise UserError(f"overrides ({' '.join(args.overrides)}) need a CONFIG")
     check_bind(args.host, args.api_key)  # before loading anything
     import uvicorn
 
@@ -693,7 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
-_KEEP_HOST_MEMORY = ("generate", "export", "pairs")  # train and eval: _keep_host_memory_for_run
+_KEEP_HOST_MEMORY = ("generate", "export", "pairs", "serve")  # train and eval: _keep_host_memory_for_run
 
 
 def _keep_host_memory_for_run(cfg) -> None:
