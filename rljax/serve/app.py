@@ -51,7 +51,8 @@ class ChoiceRecord:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
-    text: str
+    text: str  # the whole reply's text (before any stop string)
+    content: str | None  # the message content: the text, or what precedes parsed tool calls (None if nothing)
     tool_calls: list[dict]
     tool_call_errors: list[str]
 
@@ -283,14 +284,13 @@ class Server:
         if message.get("tool_calls"):
             reason = "tool_calls"
         return ChoiceRecord(list(out.token_ids[:kept]), list(out.logprobs[:kept]), reason,
-                            text, message.get("tool_calls", []), errors)
+                            text, message["content"], message.get("tool_calls", []), errors)
 
     def _choice(self, kind: str, index: int, r: ChoiceRecord, req) -> dict:
         if kind == "chat":
-            message = {"role": "assistant", "content": r.text}
+            message = {"role": "assistant", "content": r.content}
             if r.tool_calls:
-                message = {"role": "assistant", "content": tool_message(r.text, [{}])[0]["content"],
-                           "tool_calls": r.tool_calls}
+                message["tool_calls"] = r.tool_calls
             return {"index": index, "message": message, "finish_reason": r.finish_reason,
                     "logprobs": chat_logprobs(self.decoder, r.token_ids, r.logprobs) if req.logprobs else None,
                     "token_ids": r.token_ids}
@@ -330,12 +330,14 @@ class Server:
         hold = max((len(s) for s in stops), default=1) - 1
         withhold_text = kind == "chat" and bool(tools)  # a tool call is known only at the end
 
-        def chunk(index, delta_text, ids, lps, reason=None, first=False):
+        def chunk(index, delta_text, ids, lps, reason=None, first=False, tool_calls=None):
             c: dict[str, Any] = {"index": index, "finish_reason": reason, "token_ids": ids}
             if kind == "chat":
                 delta: dict[str, Any] = {"role": "assistant"} if first else {}
                 if delta_text is not None:
                     delta["content"] = delta_text
+                if tool_calls:
+                    delta["tool_calls"] = [dict(tc, index=j) for j, tc in enumerate(tool_calls)]
                 c["delta"] = delta
                 c["logprobs"] = chat_logprobs(decoder, ids, lps) if req.logprobs else None
             else:
@@ -373,11 +375,8 @@ class Server:
                     records[i] = record
                     rest_ids, rest_lps = record.token_ids[sent_ids[i]:], record.logprobs[sent_ids[i]:]
                     if record.tool_calls:
-                        content = tool_message(record.text, [{}])[0]["content"]
-                        c = json.loads(chunk(i, content, rest_ids, rest_lps, record.finish_reason)[6:])
-                        c["choices"][0]["delta"]["tool_calls"] = [dict(tc, index=j)
-                                                                 for j, tc in enumerate(record.tool_calls)]
-                        yield f"data: {json.dumps(c)}\n\n"
+                        yield chunk(i, record.content, rest_ids, rest_lps, record.finish_reason,
+                                    tool_calls=record.tool_calls)
                     else:
                         yield chunk(i, record.text[len(sent_text[i]):], rest_ids, rest_lps, record.finish_reason)
                 if (req.stream_options or {}).get("include_usage"):

@@ -239,6 +239,9 @@ def test_tool_calls_parsed_into_the_response(served, tiny):
     (call,) = record.tool_calls
     assert call["type"] == "function" and call["function"]["name"] == "add"
     assert json.loads(call["function"]["arguments"]) == {"a": 2, "b": 3}
+    choice = server._choice("chat", 0, record, req)
+    assert choice["message"] == {"role": "assistant", "content": "Let me add.", "tool_calls": [call]}
+    assert choice["finish_reason"] == "tool_calls" and choice["token_ids"] == ids
     message, errors = tool_message(reply, shown)
     assert message["content"] == "Let me add." and not errors
     # without tools shown the text stays text; a broken block stays in the content with its error
