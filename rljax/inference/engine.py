@@ -177,6 +177,12 @@ class Engine:
             self._waiting_prompts[tuple(seq.prompt)] -= 1
         self._finish(seq, "cancelled")
 
+    def progress(self, request_id: int) -> tuple[list[int], list[float]] | None:
+        """The tokens and log-probs a running or waiting request has sampled so far (copies, for a
+        caller that streams them); None once it has finished (its output comes from :meth:`step`)."""
+        seq = self._sequences.get(request_id)
+        return None if seq is None else (list(seq.generated), list(seq.logprobs))
+
     def has_work(self) -> bool:
         return bool(self._waiting) or any(s is not None for s in self._slots)
 

@@ -1,4 +1,4 @@
-"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot | sweep | compare | plan``."""
+"""The ``rljax`` command line: ``rljax generate | convert | export | train | eval | pairs | plot | sweep | compare | plan | serve``."""
 
 from __future__ import annotations
 
@@ -589,6 +589,87 @@ def _plan(args) -> int:
     return 0 if report.fits else 1
 
 
+# --- rljax serve (rljax/serve/) ---
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API (chat and text completions, tools, streaming)",
+        description="Serve a model (--model), a run's checkpoint (--checkpoint) or a config's model (CONFIG) "
+        "with rljax's rollout engine at /v1/chat/completions, /v1/completions and /v1/models. Every choice "
+        "carries its sampled token_ids and the response its prompt_token_ids. Binds 127.0.0.1 by default; "
+        "another host needs --api-key.",
+    )
+    p.add_argument("config", nargs="?", default=None, help="YAML config whose model (and sampling.* engine settings) "
+                   "to serve, instead of --model / --checkpoint")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides of CONFIG")
+    p.add_argument("--model", default=None,
+                   help="registered model name, .gguf file or Hugging Face directory (default: smollm2-135m-instruct)")
+    p.add_argument("--checkpoint", default=None, metavar="RUN_DIR",
+                   help="serve a run directory's checkpoint (its latest, or --step)")
+    p.add_argument("--step", type=_non_negative_int, default=None, metavar="N",
+                   help="with --checkpoint: checkpoint step N (default: the latest)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=_non_negative_int, default=8000, help="port (default: %(default)s)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (needed for any host but 127.0.0.1 / localhost)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id clients send (default: the --model value, the run directory or the config's "
+                        "model name)")
+    p.add_argument("--max-slots", type=_positive_int, default=None,
+                   help="sequences decoded together (default: sampling.max_slots of CONFIG, else 64)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="with --model: compute and parameter dtype (default: %(default)s)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args) -> int:
+    from rljax.serve import Server, check_bind
+
+    sources = [bool(args.model), bool(args.checkpoint), bool(args.config)]
+    if sum(sources) > 1:
+        raise UserError("give one of --model, --checkpoint RUN_DIR or CONFIG")
+    if args.step is not None and not args.checkpoint:
+        raise UserError("--step needs --checkpoint RUN_DIR")
+    if args.overrides and not args.config:
+        raise UserError(f"overrides ({' '.join(args.overrides)}) need a CONFIG")
+    check_bind(args.host, args.api_key)  # before loading anything
+    import uvicorn
+
+    from rljax.inference import Engine
+    from rljax.models import dtype_from_name, load
+
+    engine_options = {"max_slots": args.max_slots or 64}
+    if args.checkpoint:
+        from rljax.training.export import restore_run
+
+        _check_checkpoint(args.checkpoint)
+        run = restore_run(args.checkpoint, args.step)
+        model, tokenizer = run.policy.model(), run.tokenizer
+        name = args.served_model_name or os.path.basename(os.path.normpath(args.checkpoint))
+        print(f"# {args.checkpoint}: checkpoint step {run.step} of {run.cfg.model.name}", file=sys.stderr)
+    elif args.config:
+        from rljax.config import load_config
+        from rljax.run_config import RunConfig
+
+        cfg = load_config(RunConfig, args.config, args.overrides)
+        model, tokenizer = load(cfg.model.name, dtype=dtype_from_name(cfg.model.dtype))
+        name = args.served_model_name or cfg.model.name
+        engine_options = {"max_slots": args.max_slots or cfg.sampling.max_slots, "page_size": cfg.sampling.page_size,
+                          "num_pages": cfg.sampling.num_pages}
+    else:
+        model_name = args.model or "smollm2-135m-instruct"
+        model, tokenizer = load(model_name, dtype=dtype_from_name(args.dtype))
+        name = args.served_model_name or model_name
+    server = Server(Engine(model, **engine_options), tokenizer, model_id=name, api_key=args.api_key)
+    print(f"# serving {name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+    finally:
+        server.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rljax", description="rljax: reinforcement-learning fine-tuning of language models in JAX.",
@@ -607,11 +688,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_compare(sub)
     _add_plan(sub)
+    _add_serve(sub)
     return parser
 
 
 # Commands that run JAX for long enough to gain from keeping freed host memory (rljax/host_memory.py).
-_KEEP_HOST_MEMORY = ("generate", "export", "pairs")  # train and eval: _keep_host_memory_for_run
+_KEEP_HOST_MEMORY = ("generate", "export", "pairs", "serve")  # train and eval: _keep_host_memory_for_run
 
 
 def _keep_host_memory_for_run(cfg) -> None:
