@@ -40,10 +40,12 @@ class AlgorithmSection(OpenUnion):
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     name: str = "smollm2-135m-instruct"  # registered name, .gguf file or Hugging Face directory
-    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (and parameter dtype unless param_dtype)
+    # compute dtype (and parameter dtype unless param_dtype); float64 (needs JAX_ENABLE_X64=1) is for
+    # checking an algebraic equality (sharded = one device) to ~1e-12, not for training
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     # storage dtype of the weights the passes read (and of LoRA adapters); null = dtype. Mixed
     # precision: dtype bfloat16 (param_dtype null) with optim.master_dtype float32
-    param_dtype: Optional[Literal["float32", "bfloat16"]] = None
+    param_dtype: Optional[Literal["float32", "bfloat16", "float64"]] = None
     lora_rank: Optional[int] = None  # LoRA adapters of this rank; null = full fine-tuning
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -83,6 +85,12 @@ class ModelSection:
         check_range(self, "attention_chunk", low=1, note="(null = all query positions at once)")
         check_range(self, "value_head_std", low=0, low_open=True, note="(value_head_init: zeros for a zero head)")
         check_range(self, "lora_alpha", low=0, low_open=True)
+        import jax
+
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) == "float64" and not jax.config.jax_enable_x64:
+                raise FieldError(name, "float64 needs 64-bit JAX: set JAX_ENABLE_X64=1 in the "
+                                                  "environment (without it JAX computes in float32)")
 
 
 @dataclasses.dataclass(frozen=True)

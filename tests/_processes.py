@@ -1,4 +1,5 @@
-"""Several processes joined into one JAX runtime on 127.0.0.1, for the multi-process tests."""
+"""Several processes joined into one JAX runtime on 127.0.0.1, for the multi-process tests; the live processes
+with a marker on their command line, for the sandbox tests."""
 
 import os
 import signal
@@ -45,3 +46,16 @@ def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
     assert not hung, f"the processes did not finish in {timeout_s} s; their stacks:\n{shown}"
     assert all(p.returncode == 0 for p in procs), shown
     return outs
+
+
+def processes_with(marker):
+    """Pids whose command line holds ``marker`` (zombies too: their command line reads empty, so not)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(pid)
+        except OSError:
+            pass
+    return pids

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-# float32 on CPU, bfloat16 on accelerators (rljax.run_config.ModelSection.dtype).
-DTYPE_NAMES = ("float32", "bfloat16")
+# float32 on CPU, bfloat16 on accelerators (rljax.run_config.ModelSection.dtype); float64 (with
+# JAX_ENABLE_X64=1) checks an algebraic equality to float64 rounding.
+DTYPE_NAMES = ("float32", "bfloat16", "float64")
 
 
 def dtype_from_name(name: str) -> jnp.dtype:
-    """``"float32"`` -> ``float32``, ``"bfloat16"`` -> ``bfloat16`` (a ``numpy.dtype``, so NumPy and JAX both take it).
+    """``"float32"`` -> ``float32``, ``"bfloat16"`` -> ``bfloat16``, ``"float64"`` -> ``float64`` (a ``numpy.dtype``,
+    so NumPy and JAX both take it).
 
     Any other value is a ValueError naming it and the allowed names.
     """

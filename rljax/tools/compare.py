@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Sequence
 

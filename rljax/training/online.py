@@ -37,7 +37,7 @@ from rljax.batches import RolloutBatch
 from rljax.config import ConfigError
 from rljax.data.batching import PromptIterator
 from rljax.data.prompts import PromptFormat
-from rljax.distributed import is_main_process, place_batch, to_host
+from rljax.distributed import is_main_process, place_batch
 from rljax.environments.base import environment_factory
 from rljax.environments.episodes import episode_metrics, episodes_rollout, run_episodes, turn_sampler
 from rljax.errors import UserError

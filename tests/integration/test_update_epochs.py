@@ -3,7 +3,7 @@ it replaced: for each of ``num_iterations`` passes a permutation ``permutation(f
 for each mini-batch one jitted ``apply_update`` of the policy (and one of PPO's separate critic).
 
 - GRPO (2 passes x 2 mini-batches x 2 micro-batches) and PPO with a separate critic give the loop's
-  parameters, optimizer states and per-update metrics.
+  parameters, optimizer states and per-update metrics (in float64, the equalities' dtype).
 - A NaN in one mini-batch refuses that update and every later one of the step (the state is the one
   before it, so a non-finite stop knows what it holds): the loop's, which stopped applying there.
 - Steps of equal shapes share one compiled program.
@@ -19,32 +19,18 @@ import pytest
 from rljax import rng
 from rljax.algorithms import get as get_algorithm
 from rljax.algorithms.policy_gradient import totals as rollout_totals
-from rljax.config import from_yaml
-from rljax.run_config import RunConfig
 from rljax.training import OnlineTrainer
 from rljax.training.online import (mean_update_metrics, rollout_batch, score_logprobs, score_values, update_epochs,
                                    update_trace_count)
 from rljax.update import apply_update
-from tests._tiny import make_tiny_model_dir
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def _trainer(tiny_dir, run_dir, algo, extra="", num_iterations=2):
-    # 16 rows a step: 2 mini-batches of 8 rows, each 2 micro-batches of 4.
-    return OnlineTrainer(from_yaml(RunConfig, f"""
-model: {{name: {tiny_dir}}}
-data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 8}}
-algorithm: {{name: {algo}, group_size: 4, prompts_per_step: 4, num_iterations: {num_iterations}, mini_batches: 2,
-            micro_batch_size: 4, kl_coef: 0.01 {extra}}}
-optim: {{learning_rate: 1.0e-2}}
-train: {{steps: 4, run_dir: {run_dir}, progress: false}}
-rewards: {{length: 1.0}}
-"""))
+def _trainer(tiny_run_config, run_dir, algo, extra="", num_iterations=2, dtype="float32"):
+    # 16 rows a step: 2 mini-batches of 8 rows, each 2 micro-batches of 4. float64 needs jax.enable_x64.
+    return OnlineTrainer(tiny_run_config(
+        run_dir, model={"dtype": dtype}, train={"steps": 4}, rewards={"length": 1.0},
+        algorithm=f"{{name: {algo}, num_iterations: {num_iterations}, mini_batches: 2, micro_batch_size: 4, "
+                  f"kl_coef: 0.01 {extra}}}"))
 
 
 def _batch(trainer):
@@ -137,11 +123,18 @@ def _max_diff(got, want):
 
 
 # Exact: the same ops on the same mini-batches (same permutation, same gather); although the scan
-# compiles them inside while loops, XLA:CPU gives the loop's float32 results bit for bit (measured
-# max |difference| 0 for every parameter, AdamW moment and metric).
+# compiles them inside while loops, XLA:CPU gives the loop's results bit for bit (measured max
+# |difference| 0 for every parameter, AdamW moment and metric, in float32 and in float64). The check
+# runs in float64, where an equality of the same maths holds on every host.
 @pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", ", critic: separate")])
-def test_one_call_equals_the_python_loop(tiny_dir, tmp_path, algo, extra):
-    trainer = _trainer(tiny_dir, tmp_path, algo, extra)
+def test_one_call_equals_the_python_loop(tiny_run_config, tmp_path, algo, extra):
+    with jax.enable_x64(True):
+        _one_call_equals_the_python_loop(tiny_run_config, tmp_path, algo, extra)
+
+
+def _one_call_equals_the_python_loop(tiny_run_config, tmp_path, algo, extra):
+    trainer = _trainer(tiny_run_config, tmp_path, algo, extra, dtype="float64")
+    assert {str(x.dtype) for x in jax.tree.leaves(trainer.run.policy.params)} == {"float64"}
     a = trainer.cfg.algorithm
     assert (a.num_iterations, a.mini_batches, a.num_micro) == (2, 2, 2)
     batch = _batch(trainer)
@@ -167,9 +160,18 @@ def test_one_call_equals_the_python_loop(tiny_dir, tmp_path, algo, extra):
     assert _max_diff(got_policy[0], trainer.run.policy.params) > 1e-4
 
 
-def test_a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_dir, tmp_path):
-    trainer = _trainer(tiny_dir, tmp_path, "grpo", num_iterations=2)
+def test_a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_run_config, tmp_path):
+    with jax.enable_x64(True):
+        _a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_run_config, tmp_path)
+
+
+def _a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_run_config, tmp_path):
+    trainer = _trainer(tiny_run_config, tmp_path, "grpo", num_iterations=2, dtype="float64")
     batch = _batch(trainer)
+    # advantages spread over the rows: the length reward gave many groups equal rewards, so a mini-batch
+    # could have no gradient (in float32 its rounding noise, which AdamW scales up to lr-sized steps, hid that)
+    spread = jnp.linspace(-1.0, 1.0, batch.num_rows, dtype=batch.advantages.dtype)
+    batch = batch.replace(advantages=(spread[:, None] * batch.loss_mask).astype(batch.advantages.dtype))
     # The NaN row is the first row of pass 0's second mini-batch (the permutation update_epochs
     # draws): update 0 is applied, update 1 is refused, and updates 2 and 3 (pass 1, whose other
     # mini-batch is finite) are refused too, so the state is the one after update 0.
@@ -191,9 +193,9 @@ def test_a_nan_update_refuses_it_and_every_later_update_of_the_step(tiny_dir, tm
     assert (summary["nonfinite"], summary["updates_applied"]) == (1.0, 1)
 
 
-def test_steps_of_equal_shapes_compile_once(tiny_dir, tmp_path):
+def test_steps_of_equal_shapes_compile_once(tiny_run_config, tmp_path):
     # Settings no other test here uses (3 passes), so this test's first call compiles.
-    trainer = _trainer(tiny_dir, tmp_path, "ppo", ", critic: separate", num_iterations=3)
+    trainer = _trainer(tiny_run_config, tmp_path, "ppo", ", critic: separate", num_iterations=3)
     batch = _batch(trainer)
     before = update_trace_count()
     first = trainer.update_epochs(batch)

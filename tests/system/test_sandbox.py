@@ -8,7 +8,6 @@ Timeouts are short (1 s) to keep the file within a few seconds.
 import os
 import socket
 import sys
-import time
 
 import pytest
 
@@ -27,19 +26,6 @@ FAST = {"timeout_s": 1.0}
 def _still_works():
     result = run_python("print(6 * 7)", config=FAST)
     assert (result.stdout, result.returncode, result.killed_reason) == ("42\n", 0, None)
-
-
-def _processes_with(marker):
-    """Pids whose command line holds `marker` (zombies too: their command line reads empty, so not)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(pid)
-        except OSError:
-            pass
-    return pids
 
 
 def test_large_stdin_is_fed_while_output_is_read():
@@ -139,47 +125,6 @@ def test_without_namespaces_the_other_layers_still_hold():
     assert result.killed_reason == "timeout" and not result.namespaces
     result = run_python("x = bytearray(2 << 30)", config={**cfg, "memory_mb": 64, "timeout_s": 5.0})
     assert result.killed_reason == "memory"
-
-
-@needs_bwrap
-def test_fork_bomb_is_bounded_and_every_process_killed():
-    # The parent forks until the kernel refuses and reports how far it got, then forks on forever.
-    # Each child leaves the process group (setsid) and becomes a spinning interpreter whose command
-    # line carries a marker, so that what is left of it afterwards can be found in /proc.
-    marker = f"rljax-fork-bomb-{os.getpid()}"
-    code = (
-        "import os, sys\n"
-        "def child():\n"
-        "    os.setsid()\n"
-        f"    os.execv(sys.executable, [sys.executable, '-c', 'while True: pass', {marker!r}])\n"
-        "n = 0\n"
-        "while True:\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError as e:\n"
-        "        print(n, e.errno, flush=True)\n"
-        "        break\n"
-        "    if pid == 0:\n"
-        "        child()\n"
-        "    n += 1\n"
-        "while True:\n"
-        "    try:\n"
-        "        if os.fork() == 0:\n"
-        "            child()\n"
-        "    except OSError:\n"
-        "        pass\n"
-    )
-    cfg = SandboxConfig(timeout_s=1.5, max_processes=8, max_concurrent=2)
-    result = run_python(code, config=cfg)
-    assert result.killed_reason == "timeout" and result.timed_out
-    forks, error = map(int, result.stdout.split()[:2])
-    assert error == 11  # EAGAIN: RLIMIT_NPROC refused the fork
-    assert forks < cfg.max_processes * cfg.max_concurrent
-    deadline = time.monotonic() + 5  # SIGKILL is asynchronous: give the kernel a moment
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _processes_with(marker) == []
-    _still_works()
 
 
 @needs_bwrap

@@ -18,6 +18,7 @@ import pytest
 
 from rljax.environments import sandbox
 from rljax.environments.sandbox import SandboxUnavailable, run_python
+from tests._processes import processes_with
 
 
 def _bwrap_works() -> bool:
@@ -65,23 +66,11 @@ def _config(mode, **settings):
     return {"timeout_s": 5.0, **mode, **settings}  # generous: the host may be loaded; attacks end early
 
 
-def _processes_with(marker):
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(pid)
-        except OSError:
-            pass
-    return pids
-
-
 def _none_left(marker, wait_s=5.0):
     deadline = time.monotonic() + wait_s  # SIGKILL is asynchronous: give the kernel a moment
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _processes_with(marker) == []
+    return processes_with(marker) == []
 
 
 def test_without_bwrap_and_without_the_flag_a_run_is_refused(hide_bwrap):
@@ -223,7 +212,7 @@ def test_a_fork_bomb_is_bounded_and_killed(mode):
         "        pass\n"
     )
     result = run_python(code, config=_config(mode, timeout_s=1.5, max_processes=8, max_concurrent=2))
-    assert result.killed_reason == "timeout", result
+    assert result.killed_reason == "timeout" and result.timed_out, result
     forks, error = map(int, result.stdout.split()[:2])
     assert error == errno.EAGAIN and forks < 8 * 2, result.stdout
     assert _none_left(marker)
