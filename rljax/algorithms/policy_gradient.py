@@ -60,7 +60,8 @@ class OnlineSettings:
     # with a correction the trainer recomputes pi_old's log-probs (one more forward pass per step) and
     # keeps the sampler's as sampling_logprobs; "none" trains on the sampler's log-probs as pi_old
     off_policy_correction: Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"] = "none"
-    correction_bounds: tuple[float, float] = (0.5, 2.0)  # (lo, hi); the TIS modes use hi only
+    # (lo, hi); the TIS modes use hi only. tuple[float, ...] so that a wrong length is refused by name
+    correction_bounds: tuple[float, ...] = (0.5, 2.0)
 
     @property
     def rows(self) -> int:
@@ -88,8 +89,7 @@ class OnlineSettings:
 
 def _check_correction_bounds(bounds) -> None:
     """``correction_bounds`` as ``rljax.losses.off_policy.check_bounds`` wants them, and finite."""
-    lo, hi = bounds
-    if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in (lo, hi)):
+    if len(bounds) != 2 or not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bounds):
         raise FieldError("correction_bounds", f"must be two finite numbers [lo, hi], got {list(bounds)}")
     try:
         check_bounds(bounds, name="[lo, hi]")
