@@ -43,3 +43,33 @@ def test_without_a_correction_nothing_is_recomputed_or_logged(tiny_run_config, t
     trainer = Trainer(tiny_run_config(tmp_path, train={"steps": 1}))
     trainer.fit()
     assert not set(OFF_POLICY_METRICS) & _metrics(tmp_path)[0].keys()
+
+
+def test_plan_compiles_the_update_with_the_sampler_log_probs(tmp_path):
+    # rljax plan's abstract batch carries sampling_logprobs when a correction is on: without them the
+    # update would not trace; with them its arguments grow by one [R, N] float32 array
+    from rljax.config import from_yaml
+    from rljax.run_config import RunConfig
+    from rljax.tools.plan import plan_run
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 256,
+        "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}))
+
+    def update_program(correction):
+        cfg = from_yaml(RunConfig, f"""
+model: {{name: {model}}}
+data: {{max_prompt_length: 16}}
+sampling: {{max_new_tokens: 16}}
+algorithm: {{name: grpo, group_size: 2, prompts_per_step: 2, off_policy_correction: {correction}}}
+mesh: {{fsdp: 1}}
+rewards: {{answer: 1.0}}
+""")
+        report = plan_run(cfg, "cpu-1", memory_bytes=2 ** 34)
+        return {p.name: p for p in report.programs}["update"]
+
+    plain, corrected = update_program("none"), update_program("seq_mask")
+    assert corrected.argument_bytes - plain.argument_bytes == 4 * 16 * 4  # R = 4 rows, N = 16 tokens, float32
