@@ -42,7 +42,10 @@ class RolloutBatch:
     completion_mask             ``[R, N]`` int32, 1 up to and including the stop token
     loss_mask                   ``[R, N]`` int32, completion_mask less rows left out of the loss
                                 (failed rewards; truncated rows with ``mask_truncated``)
-    old_logprobs                ``[R, N]`` float32, the sampler's log-probs (behaviour policy)
+    old_logprobs                ``[R, N]`` float32, log π_old: the sampler's log-probs, or, with an
+                                off-policy correction, the trainer's own forward pass before the update
+    sampling_logprobs           ``[R, N]`` float32, the sampler's log-probs μ when an off-policy
+                                correction is on (``old_logprobs`` then recomputed), else None
     scores                      ``[R]`` float32, the weighted reward total (0 where it failed)
     row_mask                    ``[R]`` bool, False where a reward function failed
     finished                    ``[R]`` bool, the row emitted a stop token
@@ -68,6 +71,7 @@ class RolloutBatch:
     old_values: Array | None = None
     advantages: Array | None = None
     returns: Array | None = None
+    sampling_logprobs: Array | None = None
     prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     @property

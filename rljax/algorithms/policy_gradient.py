@@ -19,15 +19,17 @@ These signatures are the public contract: an algorithm written against them keep
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
 
 from rljax import advantages as adv
-from rljax.config import check_range
+from rljax.config import FieldError, check_range
 from rljax.batches import RolloutBatch
 from rljax.logprobs import completion_logprobs
+from rljax.losses.off_policy import check_bounds
 from rljax.losses.policy import policy_gradient_loss
 
 Reduction = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
@@ -54,6 +56,12 @@ class OnlineSettings:
     # with a loss token (a row masked out, e.g. by mask_truncated, changes nothing), or "all", every
     # row of the mini-batch, as TRL's GRPOTrainer divides by B (a masked row shrinks the others' weight)
     sequence_count: Literal["nonempty", "all"] = "nonempty"
+    # weights on the policy-gradient term for a sampler mu that is not pi_old (rljax.losses.off_policy):
+    # with a correction the trainer recomputes pi_old's log-probs (one more forward pass per step) and
+    # keeps the sampler's as sampling_logprobs; "none" trains on the sampler's log-probs as pi_old
+    off_policy_correction: Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"] = "none"
+    # (lo, hi); the TIS modes use hi only. tuple[float, ...] so that a wrong length is refused by name
+    correction_bounds: tuple[float, ...] = (0.5, 2.0)
 
     @property
     def rows(self) -> int:
@@ -71,11 +79,22 @@ class OnlineSettings:
             check_range(self, key, low=1)
         check_range(self, "entropy_coef")  # a negative one minimises entropy (a studied objective)
         check_range(self, "kl_coef", low=0)
+        _check_correction_bounds(self.correction_bounds)
         if self.rows % self.mini_batches:
             raise ValueError(f"mini_batches ({self.mini_batches}) must divide the rows per step ({self.rows})")
         mini = self.rows // self.mini_batches
         if self.micro_batch_size and mini % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the mini-batch ({mini})")
+
+
+def _check_correction_bounds(bounds) -> None:
+    """``correction_bounds`` as ``rljax.losses.off_policy.check_bounds`` wants them, and finite."""
+    if len(bounds) != 2 or not all(isinstance(b, (int, float)) and math.isfinite(b) for b in bounds):
+        raise FieldError("correction_bounds", f"must be two finite numbers [lo, hi], got {list(bounds)}")
+    try:
+        check_bounds(bounds, name="[lo, hi]")
+    except ValueError as e:
+        raise FieldError("correction_bounds", str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +154,22 @@ def clipped_loss(out: dict, batch: RolloutBatch, cfg: ClipSettings, *, num_rows,
         dual_clip=cfg.dual_clip, entropy=out["entropy"], entropy_coef=cfg.entropy_coef,
         ref_logprobs=batch.ref_logprobs if kl else None, kl_coef=cfg.kl_coef if kl else 0.0,
         kl_estimator=kl_estimator, reduction=reduction or cfg.reduction, num_sequences=num_rows, num_tokens=num_tokens,
-        max_length=max_length,
+        max_length=max_length, **correction_args(batch, cfg),
     )
+
+
+def correction_args(batch: RolloutBatch, cfg: OnlineSettings) -> dict:
+    """The policy loss's off-policy keyword arguments (``sampling_logprobs``, ``off_policy_correction``,
+    ``correction_bounds``) for ``cfg.off_policy_correction``; none at all for ``"none"``, so the loss is
+    the one it was without the setting."""
+    if cfg.off_policy_correction == "none":
+        return {}
+    if batch.sampling_logprobs is None:
+        raise ValueError(f"algorithm.off_policy_correction={cfg.off_policy_correction!r} needs the batch's "
+                         "sampling_logprobs (the sampler's log-probs; the online trainer fills them, and "
+                         "recomputes old_logprobs, when the setting is on)")
+    return dict(sampling_logprobs=batch.sampling_logprobs, off_policy_correction=cfg.off_policy_correction,
+                correction_bounds=cfg.correction_bounds)
 
 
 def kl_token_rewards(batch: RolloutBatch, cfg, *, estimator: str, missing_eos_penalty=None) -> jax.Array:
@@ -163,5 +196,5 @@ def sequence_kl_scores(batch: RolloutBatch, cfg, *, estimator: str) -> jax.Array
     return (token_rewards * mask).sum(axis=-1)
 
 
-__all__ = ["ClipSettings", "KLEstimator", "OnlineSettings", "Reduction", "clipped_loss", "kl_token_rewards",
-           "policy_logprobs", "reward_kl_estimator", "sequence_kl_scores", "totals"]
+__all__ = ["ClipSettings", "KLEstimator", "OnlineSettings", "Reduction", "clipped_loss", "correction_args",
+           "kl_token_rewards", "policy_logprobs", "reward_kl_estimator", "sequence_kl_scores", "totals"]

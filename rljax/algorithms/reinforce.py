@@ -65,7 +65,7 @@ def loss(model, batch: RolloutBatch, cfg: ReinforceConfig, *, temperature, num_r
     out = pg.policy_logprobs(model, batch, cfg, temperature=temperature)
     return reinforce_loss(out["logprobs"], batch.advantages, batch.loss_mask, entropy=out["entropy"],
                           entropy_coef=cfg.entropy_coef, reduction=cfg.reduction, num_sequences=num_rows,
-                          num_tokens=num_tokens, max_length=max_length)
+                          num_tokens=num_tokens, max_length=max_length, **pg.correction_args(batch, cfg))
 
 
 ALGORITHM = OnlineAlgorithm(name="reinforce", config=ReinforceConfig, advantages=advantages, loss=loss,

@@ -72,7 +72,7 @@ def loss(model, batch: RolloutBatch, cfg: RLOOConfig, *, temperature, num_rows, 
                                reduction=token_reduction(cfg))
     return reinforce_loss(out["logprobs"], batch.advantages, batch.loss_mask, entropy=out["entropy"],
                           entropy_coef=cfg.entropy_coef, reduction=token_reduction(cfg), num_sequences=num_rows,
-                          num_tokens=num_tokens, max_length=max_length)
+                          num_tokens=num_tokens, max_length=max_length, **pg.correction_args(batch, cfg))
 
 
 ALGORITHM = OnlineAlgorithm(name="rloo", config=RLOOConfig, advantages=advantages, loss=loss,

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.losses import kl as kl_lib
+from rljax.losses import off_policy as off_policy_lib
 from rljax.losses import reduce as reduce_lib
 
 RATIO_LEVELS = ("token", "sequence")
@@ -30,12 +31,35 @@ def _zero_padding(x, valid):
     return None if x is None else jnp.where(valid, x, jnp.zeros_like(x))
 
 
-def _tis_weights(old_logprobs, sampling_logprobs, tis_cap):
-    """Truncated importance weights ``min(π_old/μ, cap)`` (constants: both inputs are stopped)."""
-    w = jnp.exp(jax.lax.stop_gradient(old_logprobs) - jax.lax.stop_gradient(sampling_logprobs))
+def _check_correction(sampling_logprobs, tis_cap, off_policy_correction, correction_bounds) -> None:
+    if tis_cap is not None and sampling_logprobs is None:
+        raise ValueError("tis_cap given without sampling_logprobs")
+    if off_policy_correction == "none":
+        return
+    if off_policy_correction not in off_policy_lib.OFF_POLICY_MODES:
+        raise ValueError(f"off_policy_correction must be 'none' or one of {off_policy_lib.OFF_POLICY_MODES}, "
+                         f"got {off_policy_correction!r}")
+    if sampling_logprobs is None:
+        raise ValueError(f"off_policy_correction={off_policy_correction!r} given without sampling_logprobs")
     if tis_cap is not None:
-        w = jnp.minimum(w, tis_cap)
-    return w
+        raise ValueError(f"tis_cap and off_policy_correction={off_policy_correction!r} both given: tis_cap=c is "
+                         "off_policy_correction='token_tis' with correction_bounds=(0, c); give one of them")
+    off_policy_lib.check_bounds(correction_bounds, name="correction_bounds")
+
+
+def _correction_weights(old, sampling_logprobs, mask, tis_cap, off_policy_correction, correction_bounds):
+    """``(w, metrics)``: the off-policy weights of ``off_policy_correction`` and their metrics, or
+    (``"none"`` with ``sampling_logprobs`` given) truncated IS ``min(π_old/μ, tis_cap)`` with its
+    ``policy/tis_weight_*`` metrics (no cap if ``tis_cap`` is None); ``(None, {})`` without a sampler."""
+    if off_policy_correction != "none":
+        return off_policy_lib.off_policy_weights(old, sampling_logprobs, mask, mode=off_policy_correction,
+                                                 bounds=correction_bounds)
+    if sampling_logprobs is None:
+        return None, {}
+    hi = jnp.inf if tis_cap is None else tis_cap
+    w, m = off_policy_lib.off_policy_weights(old, sampling_logprobs, mask, mode="token_tis", bounds=(0.0, hi))
+    return w, {"policy/tis_weight_mean": m["off_policy/weight_mean"],
+               "policy/tis_weight_max": m["off_policy/weight_max"]}
 
 
 def _row_fraction_extreme(flags, valid, extreme):
@@ -61,6 +85,8 @@ def policy_gradient_loss(
     dual_clip=None,
     sampling_logprobs: chex.Array | None = None,
     tis_cap=None,
+    off_policy_correction: str = "none",
+    correction_bounds=(0.5, 2.0),
     entropy: chex.Array | None = None,
     entropy_coef=0.0,
     ref_logprobs: chex.Array | None = None,
@@ -80,6 +106,7 @@ def policy_gradient_loss(
         ℓ_pg     = −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A)
         ℓ_pg     = min(ℓ_pg, −c A)        where A < 0                  dual clip (arXiv:1912.09729)
         ℓ_pg     = w · ℓ_pg,   w = min(exp(old − sampling), tis_cap)   truncated IS (sampler ≠ old)
+        ℓ_pg     = w · ℓ_pg,   w = off_policy_weights(old, sampling)   off_policy_correction given
         ℓ        = ℓ_pg − c_H · H_t + β · k_t                           entropy bonus, KL in the loss
         loss     = reduce_tokens(ℓ, mask, mode=reduction, ...)
 
@@ -94,6 +121,12 @@ def policy_gradient_loss(
       sampler's log-probs ``sampling_logprobs`` differ from ``old_logprobs``, the policy term is
       multiplied by ``min(π_old/μ, tis_cap)`` (no cap if ``tis_cap`` is None). The weight is a
       constant; it does not multiply the entropy or KL terms.
+    * Off-policy corrections: ``off_policy_correction`` (``"token_tis"``, ``"seq_tis"``,
+      ``"token_mask"``, ``"seq_mask"``) with ``correction_bounds`` ``(lo, hi)`` multiplies the policy
+      term by ``rljax.losses.off_policy.off_policy_weights(old, sampling_logprobs, mask, ...)``
+      (truncated or masked importance weights of ``π_old/μ``, token or sequence level) and adds its
+      metrics. ``tis_cap=c`` is the same as ``"token_tis"`` with bounds ``(0, c)``; giving both is
+      refused.
     * KL in the loss (GRPO): ``ref_logprobs`` given adds ``kl_coef · kl_penalty(logp, ref,
       estimator=kl_estimator, old_logprobs=old)`` to every token before the single reduction
       (DeepSeekMath: k3, β = 0.04). ``"k3_unbiased"`` weights k3 by ``π_θ/π_old``
@@ -117,6 +150,8 @@ def policy_gradient_loss(
       dual_clip: ``c`` (> 1, typically 3) or None.
       sampling_logprobs: ``[B, T]`` log μ of the sampler (e.g. inference engine) or None.
       tis_cap: truncation of the importance weight (e.g. 2.0) or None.
+      off_policy_correction: ``"none"`` or one of ``off_policy.OFF_POLICY_MODES`` (needs
+        ``sampling_logprobs``); correction_bounds: its ``(lo, hi)``.
       entropy: ``[B, T]`` per-token entropy ``H_t`` or None; entropy_coef: ``c_H``.
       ref_logprobs: ``[B, T]`` log π_ref or None; kl_coef: ``β``; kl_estimator: see ``kl.py``.
       reduction, num_sequences, num_tokens, max_length: see ``reduce.reduce_tokens``.
@@ -132,7 +167,8 @@ def policy_gradient_loss(
       over rows with a valid token of that row's low / high clipped fraction: TRL ``GRPOTrainer``'s
       ``clip_ratio/low_min`` / ``clip_ratio/high_max``); when enabled:
       ``policy/dual_clip_frac``, ``policy/entropy``, ``kl/mean``, ``policy/tis_weight_mean``,
-      ``policy/tis_weight_max``.
+      ``policy/tis_weight_max`` (``tis_cap`` / sampler without a correction), the
+      ``off_policy.OFF_POLICY_METRICS`` (with ``off_policy_correction``).
     """
     arrays = [logprobs, old_logprobs, advantages, mask]
     chex.assert_rank(arrays, 2)
@@ -146,8 +182,7 @@ def policy_gradient_loss(
         raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
     if isinstance(dual_clip, (int, float)) and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (typically 3), got {dual_clip}")
-    if tis_cap is not None and sampling_logprobs is None:
-        raise ValueError("tis_cap given without sampling_logprobs")
+    _check_correction(sampling_logprobs, tis_cap, off_policy_correction, correction_bounds)
     _check_coef("entropy_coef", entropy_coef, entropy)
     _check_coef("kl_coef", kl_coef, ref_logprobs)
 
@@ -180,11 +215,11 @@ def policy_gradient_loss(
         metrics["policy/dual_clip_frac"] = reduce_lib.masked_mean(
             (negative & (pg > pg_dual)).astype(logprobs.dtype), mask)
         pg = jnp.where(negative, jnp.minimum(pg, pg_dual), pg)
-    if sampling_logprobs is not None:
-        w = _tis_weights(old, sampling_logprobs, tis_cap)
+    w, correction_metrics = _correction_weights(old, sampling_logprobs, mask, tis_cap, off_policy_correction,
+                                                correction_bounds)
+    if w is not None:
         pg = pg * w
-        metrics["policy/tis_weight_mean"] = reduce_lib.masked_mean(w, mask)
-        metrics["policy/tis_weight_max"] = reduce_lib.masked_max(w, mask)
+        metrics.update(correction_metrics)
 
     per_token = pg
     if entropy is not None:
@@ -226,6 +261,8 @@ def reinforce_loss(
     *,
     sampling_logprobs: chex.Array | None = None,
     tis_cap=None,
+    off_policy_correction: str = "none",
+    correction_bounds=(0.5, 2.0),
     entropy: chex.Array | None = None,
     entropy_coef=0.0,
     ref_logprobs: chex.Array | None = None,
@@ -243,18 +280,23 @@ def reinforce_loss(
     broadcast to every token, ``loss = −(1/S) Σ_i A_i log π(y_i)`` — the paper's estimator
     (``log π(y)`` is the sum of token log-probs). Other reductions are allowed for ablations.
 
-    ``w = sg(min(π_θ/μ, tis_cap))`` when ``sampling_logprobs`` (the sampler μ) is given, else 1.
+    ``w = sg(min(π_θ/μ, tis_cap))`` when ``sampling_logprobs`` (the sampler μ) is given, else 1;
+    with ``off_policy_correction`` ``w = off_policy_weights(sg(logp), μ, ...)``: there is no
+    ``π_old`` without a ratio, so the weights are taken against the policy being trained (verl's
+    "bypass" mode; it equals ``π_old`` on the one update per batch that REINFORCE allows).
     ``advantages``, ``sampling_logprobs`` and ``ref_logprobs`` are stop-gradient; the KL term
     (``ref_logprobs`` given) is as in ``policy_gradient_loss`` with ``old = μ`` (or
     ``sg(logp)`` on-policy), so ``"k3_unbiased"`` has the right on-policy gradient.
 
     Args:
       logprobs, advantages, mask: ``[B, T]``.
-      sampling_logprobs, tis_cap, entropy, entropy_coef, ref_logprobs, kl_coef, kl_estimator,
-      reduction, num_sequences, num_tokens, max_length: as in ``policy_gradient_loss``.
+      sampling_logprobs, tis_cap, off_policy_correction, correction_bounds, entropy, entropy_coef,
+      ref_logprobs, kl_coef, kl_estimator, reduction, num_sequences, num_tokens, max_length: as in
+      ``policy_gradient_loss``.
     Returns:
       ``(loss, metrics)``; metrics ``policy/loss``, ``policy/pg_loss``; when enabled
-      ``policy/entropy``, ``kl/mean``, ``policy/tis_weight_mean``, ``policy/tis_weight_max``.
+      ``policy/entropy``, ``kl/mean``, ``policy/tis_weight_mean``, ``policy/tis_weight_max``, the
+      ``off_policy.OFF_POLICY_METRICS``.
     """
     arrays = [logprobs, advantages, mask]
     chex.assert_rank(arrays, 2)
@@ -264,8 +306,7 @@ def reinforce_loss(
         if optional is not None:
             chex.assert_equal_shape([logprobs, optional])
             chex.assert_type(optional, float)
-    if tis_cap is not None and sampling_logprobs is None:
-        raise ValueError("tis_cap given without sampling_logprobs")
+    _check_correction(sampling_logprobs, tis_cap, off_policy_correction, correction_bounds)
     _check_coef("entropy_coef", entropy_coef, entropy)
     _check_coef("kl_coef", kl_coef, ref_logprobs)
 
@@ -276,11 +317,11 @@ def reinforce_loss(
     ref_logprobs = _zero_padding(ref_logprobs, valid)
     metrics = {}
     pg = -adv * logprobs
-    if sampling_logprobs is not None:
-        w = _tis_weights(logprobs, sampling_logprobs, tis_cap)
+    w, correction_metrics = _correction_weights(logprobs, sampling_logprobs, mask, tis_cap, off_policy_correction,
+                                                correction_bounds)
+    if w is not None:
         pg = pg * w
-        metrics["policy/tis_weight_mean"] = reduce_lib.masked_mean(w, mask)
-        metrics["policy/tis_weight_max"] = reduce_lib.masked_max(w, mask)
+        metrics.update(correction_metrics)
         behaviour = jax.lax.stop_gradient(sampling_logprobs)
     else:
         behaviour = jax.lax.stop_gradient(logprobs)

@@ -324,6 +324,11 @@ class OnlineTrainer:
                               micro_batches=a.num_micro)
         temperature = cfg.sampling.temperature
         t1 = time.perf_counter()
+        if a.off_policy_correction != "none":
+            # π_old is the policy about to be updated, scored by the trainer's own forward pass; the
+            # sampler's log-probs are μ (rljax.losses.off_policy)
+            batch = batch.replace(sampling_logprobs=batch.old_logprobs,
+                                  old_logprobs=score_logprobs(*run.policy.split, batch, temperature=temperature))
         if self.algorithm.needs_reference(a):
             batch = batch.replace(ref_logprobs=score_logprobs(run.policy.graphdef, run.reference(), run.policy.frozen,
                                                               batch, temperature=temperature))

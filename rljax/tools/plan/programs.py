@@ -294,7 +294,9 @@ def _rollout_batch(algo, a, R, P, N, mesh, rules, *, reference: bool, values: bo
         loss_mask=_spec((R, N), i32, rows), old_logprobs=_spec((R, N), f32, rows), scores=_spec((R,), f32, rows),
         row_mask=_spec((R,), jnp.bool_, rows), finished=_spec((R,), jnp.bool_, rows),
         ref_logprobs=_spec((R, N), f32, rows) if reference else None,
-        old_values=_spec((R, N), f32, rows) if values else None, prompt_group=prompt_group)
+        old_values=_spec((R, N), f32, rows) if values else None, prompt_group=prompt_group,
+        # with an off-policy correction the sampler's log-probs travel beside the recomputed π_old
+        sampling_logprobs=_spec((R, N), f32, rows) if a.off_policy_correction != "none" else None)
     state = algo.start_state(a)
     filled = jax.eval_shape(lambda b: algo.advantages_and_state(b, a, state)[0], base)
     return jax.tree.map(lambda x: _spec(x.shape, x.dtype, rows), filled)
