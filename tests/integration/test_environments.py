@@ -456,8 +456,8 @@ def test_multi_turn_grpo_on_the_toy_environment_raises_success(tiny, tmp_path):
     OnlineTrainer(_agent_cfg(tiny[0], tmp_path, steps=16)).fit()
     steps = [m for m in _metrics(tmp_path) if "loss" in m]
     success, returns = [m["env/success_rate"] for m in steps], [m["env/return"] for m in steps]
-    # measured: success 0 for the first 8 steps, then 0.31, 0.5 and 1.0 from step 11; returns 0.11 -> 0.99
-    assert max(success[:4]) == 0 and np.mean(success[-3:]) >= 0.5, success
+    # measured (rollout engine): success 0 for the first 3 steps, then 0.06, 0.19, 0.69, ...
+    assert max(success[:3]) == 0 and np.mean(success[-3:]) >= 0.5, success
     assert np.mean(returns[-3:]) > np.mean(returns[:3]) + 0.3, returns
     assert all(m["env/turns"] == 2 and m["env/failed"] == 0 and m["env/truncated"] == 0 for m in steps)
 
