@@ -405,12 +405,15 @@ class Engine:
                 self._preempt(self._newest())
                 if seq.state != _DECODE:
                     break
-        rows = [s if s is not None and s.state == _DECODE else None for s in self._slots]
-        if not any(rows):
+        rows: list[_Sequence | None] = [s for s in self._slots if s is not None and s.state == _DECODE]
+        if not rows:
             return
-        S = self.max_slots
-        # one page-table width for every decode step; the attention reads only the live pages
-        # (ragged: work in proportion to the tokens in flight), in power-of-two buckets: few compiles
+        # the decoding sequences packed into a power-of-two number of rows (at least 8, at most
+        # max_slots): a step costs what is in flight, not max_slots, as the tail of a batch drains.
+        # One page-table width for every step; the attention reads only the live pages (ragged: work
+        # in proportion to the tokens in flight), also in power-of-two buckets: few compiled programs.
+        S = min(bucket_length(len(rows), 8, 1), self.max_slots)
+        rows += [None] * (S - len(rows))
         width = self.max_pages_per_sequence
         live = bucket_length(sum(len(s.pages) for s in rows if s is not None), 16, 1)
         tokens, start, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, np.int32)
