@@ -18,9 +18,12 @@ target-length sets, each side generating exactly those lengths:
 
 Sides, one process, in this order for each target set (heavy-tailed first):
 
-- (a) engine: a fresh ``Engine(model, max_slots=64, page_size=16, num_pages=None)``, one
-  ``generate`` call over all 256 ``Request(max_tokens=target, stop_token_ids=(), seed=i)``; it must
-  return exactly ``target`` tokens and ``finish_reason == "length"`` for each.
+- (a) engine: a fresh ``Engine(model, max_slots=64, page_size=16, num_pages=...)``, one ``generate``
+  call over all 256 ``Request(max_tokens=target, stop_token_ids=(), seed=i)``; it must return
+  exactly ``target`` tokens and ``finish_reason == "length"`` for each. Its page pool holds 64
+  sequences of the longest prompt + the longest target (``pool_pages``): the bytes of the static
+  sampler's cache for its longest batch, so both sides get the same KV budget and no request is
+  ever preempted (``--num-pages`` sets another).
 - (b) static: ``rljax.sampling.generate`` in batches of 64 in request order (16 prompts x 4),
   ``SamplingConfig(max_new_tokens=max target of the batch, ignore_eos=True)``, ``prompt_group=4`` as
   the trainer calls it; each row runs to the batch maximum and only its target counts as useful.
@@ -30,9 +33,12 @@ Sides, one process, in this order for each target set (heavy-tailed first):
 
 The static and transformers batches alternate (static batch 1, transformers batch 1, static batch 2,
 ...), right after the engine's call, so load from other processes on a shared machine hits them alike.
-Warm-ups are not timed but reported: the engine runs the same 256 requests with ``max_tokens=3`` on
-the fresh engine (its compiles); the static sampler's programs (one per distinct batch maximum) are
-compiled ahead of time (``jit.lower().compile()``, which fills the same cache the call uses;
+Warm-ups are not timed but reported: the engine's is the same 256 requests (other seeds) through
+another engine with the same pool, which compiles every program the timed engine runs (engines of
+one shape share them; the decode step compiles per bucket of live pages, so a shorter warm-up would
+leave compiles inside the timed call), while the timed engine starts with an empty prefix cache and
+its own stats; the static sampler's programs (one per bucketed batch shape and batch maximum) are
+compiled ahead of time (``jit.lower().compile()``, which fills the cache the call uses;
 ``sampling.trace_count()`` is checked, and a compile inside a timed call is reported); transformers
 runs one 4-token ``generate`` at batch 64.
 
@@ -46,9 +52,9 @@ Metrics:
 - host read bandwidth: the best of several jitted ``jnp.sum`` over a 1 GiB float32 array and of a
   numpy sum of it in one thread per CPU, measured at the start and at the end of the run (best of
   all). A numpy ``copyto`` of 1 GiB (read + write bytes / s, one thread) is reported beside it.
-- decode bandwidth: a separate decode-only run per slot count (16 and 64): a fresh engine with
-  ``max_slots`` = that count, a warm-up, then as many requests as slots with the same prompt and 128
-  tokens each. From the engine's ``stats`` over that call: step time = ``decode_seconds /
+- decode bandwidth: a separate decode-only run per slot count (16 and 64): as many requests as
+  slots, all with the first prompt and 128 tokens, through an engine with ``max_slots`` = that count
+  (warmed up as above). From the engine's ``stats`` over that call: step time = ``decode_seconds /
   decode_steps``; bytes per step = the float32 weights a step reads (every matmul parameter of the
   blocks + the embedding / lm_head once) + ``live_kv_tokens_read x`` KV bytes per token ``/
   decode_steps``; bandwidth = bytes per step / step time, as % of the host read bandwidth.
@@ -189,24 +195,34 @@ def engine_api():
     return (Engine, Request), None
 
 
+def pool_pages(prompts: list[list[int]], targets: np.ndarray, max_slots: int, page_size: int) -> int:
+    """Pages for ``max_slots`` sequences of the longest prompt + the longest target, + the null page:
+    the bytes of the static sampler's cache for one batch of that size, and no request is ever preempted."""
+    longest = max(map(len, prompts)) + int(targets.max())
+    return max_slots * -(-longest // page_size) + 1
+
+
 def run_engine(api, model, prompts: list[list[int]], samples: int, targets: np.ndarray, *, max_slots: int,
-               page_size: int, num_pages, seed0: int = 0) -> dict:
-    """A fresh engine: warm-up (every request, 3 tokens), then the timed call; outputs checked."""
+               page_size: int, num_pages: int | None, seed0: int = 0) -> dict:
+    """The requests through two engines of one shape: the first untimed (it compiles every program the
+    second runs: engines with the same pool share their compiled programs), then the timed call on a
+    fresh one (empty prefix cache, its stats this call's alone); every output checked."""
     Engine, Request = api
-    engine = Engine(model, max_slots=max_slots, page_size=page_size, num_pages=num_pages)
+    num_pages = pool_pages(prompts, targets, max_slots, page_size) if num_pages is None else num_pages
 
-    def requests(lengths):
+    def requests(seed):
         return [Request(prompt_ids=list(prompts[i // samples]), max_tokens=int(t), temperature=1.0, top_p=1.0,
-                        top_k=0, stop_token_ids=(), seed=seed0 + i) for i, t in enumerate(lengths)]
+                        top_k=0, stop_token_ids=(), seed=seed + i) for i, t in enumerate(targets)]
 
-    warm = np.minimum(targets, 3)
+    engine = Engine(model, max_slots=max_slots, page_size=page_size, num_pages=num_pages)
     start = time.perf_counter()
-    engine.generate(requests(warm))
+    engine.generate(requests(seed0 + 1_000_000))
     warmup_s = time.perf_counter() - start
+    del engine
+    engine = Engine(model, max_slots=max_slots, page_size=page_size, num_pages=num_pages)
     before = dict(engine.stats)
-    reqs = requests(targets)
     start = time.perf_counter()
-    outs = engine.generate(reqs)
+    outs = engine.generate(requests(seed0))
     seconds = time.perf_counter() - start
     after = dict(engine.stats)
     for i, (out, t) in enumerate(zip(outs, targets)):
@@ -217,7 +233,7 @@ def run_engine(api, model, prompts: list[list[int]], samples: int, targets: np.n
     counters = call_stats(before, after, (total - len(targets), total))
     kvb = int(after["kv_bytes_per_token"])
     return {"seconds": seconds, "warmup_s": warmup_s, "useful_tokens": total, "generated_tokens": total,
-            "peak_kv_bytes": int(after["peak_pages_in_use"]) * int(after["page_size"]) * kvb,
+            "num_pages": num_pages, "peak_kv_bytes": int(after["peak_pages_in_use"]) * int(after["page_size"]) * kvb,
             "call_stats": counters, "stats": {k: _plain(v) for k, v in after.items()}}
 
 
@@ -311,7 +327,8 @@ def parse_args(argv=None):
     parser.add_argument("--uniform", type=int, default=64, help="every request's target in the uniform set")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and the targets")
     parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--num-pages", type=int, default=None, help="engine page pool (default: the engine sizes it)")
+    parser.add_argument("--num-pages", type=int, default=None,
+                        help="engine page pool (default: slots x pages of the longest request + 1, see pool_pages)")
     parser.add_argument("--decode-slots", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the array the bandwidth reads")
@@ -435,17 +452,19 @@ def _run_workload(args, name, targets, api, model, split, hf, prompts, prompt_id
               f"peak KV {run['peak_kv_bytes'] / 2**20:.1f} MiB", flush=True)
         out["sides"]["engine"] = run
 
-    compile_s = 0.0
-    for n_new in sorted({b["new_tokens"] for b in batches}):
-        like = next(b for b in batches if b["new_tokens"] == n_new)
-        compile_s += compile_static(split, like["ids"], static_config(n_new, pad_id), args.samples)
+    compile_s, programs = 0.0, {}
+    for b in batches:  # one program per (bucketed batch, bucketed prompt width, max_new_tokens)
+        programs.setdefault((bucket_length(b["ids"].shape[0], 8), bucket_length(b["ids"].shape[1], 16),
+                             b["new_tokens"]), b)
+    for b in programs.values():
+        compile_s += compile_static(split, b["ids"], static_config(b["new_tokens"], pad_id), args.samples)
     static = {"seconds": 0.0, "warmup_s": compile_s, "batch_seconds": [], "compiled_in_call": False,
               "batch_new_tokens": [b["new_tokens"] for b in batches],
               "batch_prompt_widths": [int(b["ids"].shape[1]) for b in batches],
               "useful_tokens": useful, "generated_tokens": sum(len(b["targets"]) * b["new_tokens"] for b in batches),
               "peak_kv_bytes": max(bucket_length(len(b["targets"]), 8)
                                    * (bucket_length(b["ids"].shape[1], 16) + b["new_tokens"]) for b in batches) * kvb}
-    print(f"  static: compile {compile_s:.1f}s", flush=True)
+    print(f"  static: compile {compile_s:.1f}s ({len(programs)} programs)", flush=True)
     hf_side = None
     if hf is not None:
         hf_side = {"seconds": 0.0, "batch_seconds": [], "useful_tokens": useful,

@@ -93,6 +93,7 @@ def test_smoke_preset_runs_and_ends_with_the_summary_line(tmp_path):
         assert static["peak_kv_bytes"] == kvb * max(
             8 * (bucket_length(width, 16) + n) for width, n in zip(static["batch_prompt_widths"], maxima))
         assert static["useful_tokens_per_s"] == pytest.approx(sum(targets) / static["seconds"])
+        assert not static["compiled_in_call"]  # every program compiled ahead of the timed calls
         assert "transformers" not in w["sides"]
     assert result["workloads"]["uniform"]["targets"] == [8] * 16
     assert max(result["workloads"]["heavy-tailed"]["targets"]) <= 8
