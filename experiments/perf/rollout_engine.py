@@ -45,7 +45,9 @@ runs one 4-token ``generate`` at batch 64.
 Metrics:
 
 - useful tokens/s = sum of the targets / wall seconds of the side's calls (prefill included).
-- peak KV memory: engine = ``stats["peak_pages_in_use"] x page_size x`` KV bytes per token; static =
+- peak KV memory: engine = peak pages in use x page_size x KV bytes per token, the pages counted
+  after each step as those the sequences hold (pages in use less those only the prefix cache holds;
+  ``stats["peak_pages_in_use"]`` instead where the engine keeps that count); static =
   the largest batch's cache, padded batch x (bucketed prompt width + max_new_tokens) x KV bytes per
   token (what ``rljax.sampling`` allocates); transformers = batch x (prompt width + max_new_tokens)
   x KV bytes per token. KV bytes per token = 2 (K and V) x layers x KV heads x head_dim x 4 (float32).
@@ -110,13 +112,13 @@ from _common import (  # noqa: E402
 from sampler import MODEL_NAME, chat_prompts, encode_prompts, matmul_params_per_token  # noqa: E402
 
 from rljax import sampling  # noqa: E402
+from rljax.inference import Engine, Request  # noqa: E402
 from rljax.buckets import bucket_length  # noqa: E402
 from rljax.host_memory import keep_host_memory  # noqa: E402
 from rljax.models import load  # noqa: E402
 from rljax.models.config import ModelConfig  # noqa: E402
 from rljax.models.registry import resolve  # noqa: E402
 
-NO_ENGINE_LINE = "rollout engine vs static sampler: n/a (rljax.inference has no Engine yet); decode n/a"
 ENGINE_COUNTERS = ("decode_steps", "decode_seconds", "decode_tokens", "live_kv_tokens_read")
 
 
@@ -186,15 +188,6 @@ def _jax_sum_gbs(nbytes: int, trials: int) -> float:
 
 
 # ----------------------------------------------------------------------------- sides
-def engine_api():
-    """``(Engine, Request)`` from ``rljax.inference``, or ``None`` with the reason."""
-    try:
-        from rljax.inference import Engine, Request
-    except ImportError as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return (Engine, Request), None
-
-
 def pool_pages(prompts: list[list[int]], targets: np.ndarray, max_slots: int, page_size: int) -> int:
     """Pages for ``max_slots`` sequences of the longest prompt + the longest target, + the null page:
     the bytes of the static sampler's cache for one batch of that size, and no request is ever preempted."""
@@ -202,12 +195,27 @@ def pool_pages(prompts: list[list[int]], targets: np.ndarray, max_slots: int, pa
     return max_slots * -(-longest // page_size) + 1
 
 
-def run_engine(api, model, prompts: list[list[int]], samples: int, targets: np.ndarray, *, max_slots: int,
+def generate_tracking_peak(engine: Engine, requests: list[Request]) -> tuple[list, int, float]:
+    """``engine.generate(requests)`` through the engine's ``submit`` / ``step``; also the peak over steps
+    of the pages sequences hold (pages in use less those only the prefix cache holds: the cache keeps a
+    finished sequence's pages until the pool runs short), and the seconds that count took."""
+    ids = [engine.submit(r) for r in requests]
+    done, peak, counting = {}, 0, 0.0
+    while engine.has_work():
+        for out in engine.step():
+            done[out.request_id] = out
+        start = time.perf_counter()
+        peak = max(peak, engine.pool.in_use - engine.pool.cache.evictable())
+        counting += time.perf_counter() - start
+    done.update((out.request_id, out) for out in engine.pop_finished())
+    return [done[i] for i in ids], peak, counting
+
+
+def run_engine(model, prompts: list[list[int]], samples: int, targets: np.ndarray, *, max_slots: int,
                page_size: int, num_pages: int | None, seed0: int = 0) -> dict:
     """The requests through two engines of one shape: the first untimed (it compiles every program the
     second runs: engines with the same pool share their compiled programs), then the timed call on a
     fresh one (empty prefix cache, its stats this call's alone); every output checked."""
-    Engine, Request = api
     num_pages = pool_pages(prompts, targets, max_slots, page_size) if num_pages is None else num_pages
 
     def requests(seed):
@@ -222,8 +230,8 @@ def run_engine(api, model, prompts: list[list[int]], samples: int, targets: np.n
     engine = Engine(model, max_slots=max_slots, page_size=page_size, num_pages=num_pages)
     before = dict(engine.stats)
     start = time.perf_counter()
-    outs = engine.generate(requests(seed0))
-    seconds = time.perf_counter() - start
+    outs, peak_pages, counting_s = generate_tracking_peak(engine, requests(seed0))
+    seconds = time.perf_counter() - start - counting_s
     after = dict(engine.stats)
     for i, (out, t) in enumerate(zip(outs, targets)):
         if len(out.token_ids) != t or len(out.logprobs) != t or out.finish_reason != "length":
@@ -231,10 +239,11 @@ def run_engine(api, model, prompts: list[list[int]], samples: int, targets: np.n
                                f"expected {t} ('length')")
     total = int(targets.sum())
     counters = call_stats(before, after, (total - len(targets), total))
-    kvb = int(after["kv_bytes_per_token"])
+    peak_pages = int(after.get("peak_pages_in_use", peak_pages))  # the engine's own count where it keeps one
     return {"seconds": seconds, "warmup_s": warmup_s, "useful_tokens": total, "generated_tokens": total,
-            "num_pages": num_pages, "peak_kv_bytes": int(after["peak_pages_in_use"]) * int(after["page_size"]) * kvb,
-            "call_stats": counters, "stats": {k: _plain(v) for k, v in after.items()}}
+            "num_pages": num_pages, "peak_pages": peak_pages,
+            "peak_kv_bytes": peak_pages * int(after["page_size"]) * int(after["kv_bytes_per_token"]),
+            "peak_counting_s": counting_s, "call_stats": counters, "stats": {k: _plain(v) for k, v in after.items()}}
 
 
 def _plain(v):
@@ -353,16 +362,15 @@ def main(argv=None) -> dict:
     keep_host_memory()  # before any JAX work (rljax/host_memory.py), as `rljax generate` does
     args = parse_args(argv)
     threads = thread_count()
-    api, missing = engine_api()
     tmp = tempfile.mkdtemp(prefix="rollout_engine_") if args.smoke else None
     try:
-        return _main(args, threads, api, missing, tmp)
+        return _main(args, threads, tmp)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _main(args, threads, api, missing, tmp) -> dict:
+def _main(args, threads, tmp) -> dict:
     if args.smoke:
         from rljax.models.tiny import make_tiny_model_dir
 
@@ -373,12 +381,8 @@ def _main(args, threads, api, missing, tmp) -> dict:
     print(f"# rollout engine benchmark: {model_name} float32, {args.prompts} prompts x {args.samples} samples, "
           f"batch / slots {args.batch}, cpu threads {threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
           flush=True)
-    if api is None:
-        print(f"NOTE: side (a) skipped: rljax.inference has no Engine yet ({missing}); running the static sampler "
-              "and transformers only", flush=True)
 
-    results = {"args": vars(args), "environment": environment(), "model": model_name, "threads": threads,
-               "engine_available": api is not None}
+    results = {"args": vars(args), "environment": environment(), "model": model_name, "threads": threads}
     bw_mib = args.bandwidth_mib
     print(f"\n## host read bandwidth ({bw_mib} MiB, best of {args.bandwidth_trials})", flush=True)
     bandwidth = [read_bandwidth(bw_mib << 20, args.bandwidth_trials)]
@@ -414,16 +418,15 @@ def _main(args, threads, api, missing, tmp) -> dict:
     }
     results["workloads"] = {}
     for name, targets in workloads.items():
-        results["workloads"][name] = _run_workload(args, name, targets, api, model, split, hf, prompts, prompt_ids,
+        results["workloads"][name] = _run_workload(args, name, targets, model, split, hf, prompts, prompt_ids,
                                                    prompt_mask, pad_id, kvb)
 
     results["decode"] = []
-    if api is not None:
-        for slots in args.decode_slots:  # every request the same prompt (prompt 0)
-            print(f"\n## decode-only: {slots} slots, {slots} requests x {args.decode_tokens} tokens", flush=True)
-            run = run_engine(api, model, [prompts[0]], slots, np.full(slots, args.decode_tokens, np.int64),
-                             max_slots=slots, page_size=args.page_size, num_pages=args.num_pages)
-            results["decode"].append(_decode_row(cfg, kvb, slots, run))
+    for slots in args.decode_slots:  # every request the same prompt (prompt 0)
+        print(f"\n## decode-only: {slots} slots, {slots} requests x {args.decode_tokens} tokens", flush=True)
+        run = run_engine(model, [prompts[0]], slots, np.full(slots, args.decode_tokens, np.int64), max_slots=slots,
+                         page_size=args.page_size, num_pages=args.num_pages)
+        results["decode"].append(_decode_row(cfg, kvb, slots, run))
     print(f"\n## host read bandwidth again ({bw_mib} MiB)", flush=True)
     bandwidth.append(read_bandwidth(bw_mib << 20, args.bandwidth_trials))
     print("  " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth[1].items()), flush=True)
@@ -435,7 +438,7 @@ def _main(args, threads, api, missing, tmp) -> dict:
     return _report(args, results)
 
 
-def _run_workload(args, name, targets, api, model, split, hf, prompts, prompt_ids, prompt_mask, pad_id, kvb) -> dict:
+def _run_workload(args, name, targets, model, split, hf, prompts, prompt_ids, prompt_mask, pad_id, kvb) -> dict:
     useful = int(targets.sum())
     batches = static_batches(prompt_ids, prompt_mask, args.samples, targets, args.batch)
     print(f"\n## {name}: {len(targets)} requests, targets {targets.min()}-{targets.max()} "
@@ -443,14 +446,14 @@ def _run_workload(args, name, targets, api, model, split, hf, prompts, prompt_id
           f"static batch maxima {[b['new_tokens'] for b in batches]}", flush=True)
     out = {"targets": targets.tolist(), "useful_tokens": useful, "load_average": os.getloadavg(), "sides": {}}
 
-    if api is not None:
-        run = run_engine(api, model, prompts, args.samples, targets, max_slots=args.batch, page_size=args.page_size,
-                         num_pages=args.num_pages)
-        c = run["call_stats"]
-        print(f"  engine: warm-up {run['warmup_s']:.1f}s; {run['seconds']:.2f}s, {useful / run['seconds']:.1f} "
-              f"useful tok/s; {c['decode_steps']} decode steps, {c['decode_seconds']:.2f}s decoding; "
-              f"peak KV {run['peak_kv_bytes'] / 2**20:.1f} MiB", flush=True)
-        out["sides"]["engine"] = run
+    run = run_engine(model, prompts, args.samples, targets, max_slots=args.batch, page_size=args.page_size,
+                     num_pages=args.num_pages)
+    c, st = run["call_stats"], run["stats"]
+    print(f"  engine: warm-up {run['warmup_s']:.1f}s; {run['seconds']:.2f}s, {useful / run['seconds']:.1f} "
+          f"useful tok/s; {c['decode_steps']} decode steps, {c['decode_seconds']:.2f}s decoding, "
+          f"{st.get('prefill_seconds', 0.0):.2f}s prefilling; peak KV {run['peak_kv_bytes'] / 2**20:.1f} MiB "
+          f"({run['peak_pages']} of {run['num_pages']} pages)", flush=True)
+    out["sides"]["engine"] = run
 
     compile_s, programs = 0.0, {}
     for b in batches:  # one program per (bucketed batch, bucketed prompt width, max_new_tokens)
@@ -541,13 +544,10 @@ def _report(args, results) -> dict:
     print(f"peak RSS: {results['peak_rss_mib']:.0f} MiB; "
           f"load average at start {results['environment']['load_average']}")
     results["table"], results["decode_table"] = table, decode_table
-    if results["engine_available"]:
-        ratio = {k: w["sides"]["engine"]["vs_static"] for k, w in results["workloads"].items()}
-        decode_pct = 100 * min(d["fraction_of_read_bandwidth"] for d in results["decode"])
-        last = (f"rollout engine vs static sampler: {ratio['heavy-tailed']:.2f}x useful tokens/s (heavy-tailed), "
-                f"{ratio['uniform']:.2f}x (uniform); decode at {decode_pct:.0f}% of memory bandwidth")
-    else:
-        last = NO_ENGINE_LINE
+    ratio = {k: w["sides"]["engine"]["vs_static"] for k, w in results["workloads"].items()}
+    decode_pct = 100 * min(d["fraction_of_read_bandwidth"] for d in results["decode"])
+    last = (f"rollout engine vs static sampler: {ratio['heavy-tailed']:.2f}x useful tokens/s (heavy-tailed), "
+            f"{ratio['uniform']:.2f}x (uniform); decode at {decode_pct:.0f}% of memory bandwidth")
     results["last_line"] = last
     if args.json:
         write_json(args.json, results)
