@@ -21,8 +21,8 @@ Sides, one process, in this order for each target set (heavy-tailed first):
 - (a) engine: a fresh ``Engine(model, max_slots=64, page_size=16, num_pages=...)``, one ``generate``
   call over all 256 ``Request(max_tokens=target, stop_token_ids=(), seed=i)``; it must return
   exactly ``target`` tokens and ``finish_reason == "length"`` for each. Its page pool holds 64
-  sequences of the longest prompt + the longest target (``pool_pages``): the bytes of the static
-  sampler's cache for its longest batch, so both sides get the same KV budget and no request is
+  sequences of the longest prompt + the longest target (``pool_pages``): about the bytes of the
+  static sampler's cache for its longest batch, so both sides get the same KV budget and no request is
   ever preempted (``--num-pages`` sets another).
 - (b) static: ``rljax.sampling.generate`` in batches of 64 in request order (16 prompts x 4),
   ``SamplingConfig(max_new_tokens=max target of the batch, ignore_eos=True)``, ``prompt_group=4`` as
@@ -44,7 +44,8 @@ runs one 4-token ``generate`` at batch 64.
 
 Metrics:
 
-- useful tokens/s = sum of the targets / wall seconds of the side's calls (prefill included).
+- useful tokens/s = sum of the targets / wall seconds of the side's calls (prefill included; for the
+  engine, less the time the benchmark spends counting its pages).
 - peak KV memory: engine = peak pages in use x page_size x KV bytes per token, the pages counted
   after each step as those the sequences hold (pages in use less those only the prefix cache holds;
   ``stats["peak_pages_in_use"]`` instead where the engine keeps that count); static =
@@ -67,12 +68,13 @@ Run (from the repository root; needs the `bench` extra: torch, accelerate):
     python experiments/perf/rollout_engine.py                          # the workload above
     python experiments/perf/rollout_engine.py --json runs/perf/rollout_engine.json
     python experiments/perf/rollout_engine.py --skip-transformers      # engine and static sampler only
-    python experiments/perf/rollout_engine.py --smoke --skip-transformers   # tiny random model; seconds
+    python experiments/perf/rollout_engine.py --smoke --skip-transformers   # tiny random model
 
 ``--smoke`` builds a random tiny Llama in-process (``rljax.models.tiny``: 2 layers, hidden 64, byte
-tokenizer) and runs 16 requests (4 prompts x 4) in batches of 8, targets of median 4 cut at 8, uniform 8,
-decode at 4 and 8 slots: it checks the script, not the speed. ``OMP_WAIT_POLICY`` defaults to PASSIVE (set before torch
-loads; an explicit setting wins), for the reason ``sampler.py`` gives. The last line printed is exactly:
+tokenizer) and runs 16 requests (4 prompts x 4) in batches of 8, targets of median 4 cut at 8,
+uniform 8, decode at 4 and 8 slots: about a minute on an idle 2-core CPU, most of it compiling; it
+checks the script, not the speed. ``OMP_WAIT_POLICY`` defaults to PASSIVE (set before torch loads;
+an explicit setting wins), for the reason ``sampler.py`` gives. The last line printed is exactly:
 
     rollout engine vs static sampler: H.HHx useful tokens/s (heavy-tailed), U.UUx (uniform); decode at B% of memory bandwidth
 
