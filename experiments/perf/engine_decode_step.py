@@ -10,15 +10,11 @@ read bandwidth (a jitted sum of a 1 GB array), the float32 matmul GFLOP/s at the
 each step's achieved bandwidth, ``(weight bytes + live KV bytes) / step time`` (live KV: the keys and
 values of the tokens in flight, what the engine reads; the static sampler reads its padded cache).
 
-What the step's time goes to, on the 2-core CPU this was written on (SmolLM2-135M float32, 96-token
-prompts): at 16 rows the step is neither at the bandwidth limit nor matmul bound: per-op costs
-dominate (each of the 30 layers runs a dozen small fusions and dots); at 64 rows the projections
-and the LM head are compute bound (2 x 64 rows x 135M parameters = 17 GFLOP per step against the
-matmul rate printed), so no layout of the attention brings the step near the read bandwidth. Inside
-the attention, what cost most before the rewrite was the 4-D page gather (XLA:CPU's gather of
-``[N, page, KVH, hd]`` pages runs at ~2 GB/s, the same pages as flat rows at ~9 GB/s) and the
-multiply-reduce over ``hd`` for the scores (a reduction over the minor dimension, not vectorised);
-docs/paged-attention.md has the numbers.
+What the step's time goes to (docs/paged-attention.md has the numbers): at 16 rows, the projections'
+matmuls (XLA:CPU's ``[R, 576] x [576, n]`` runs at tens of GFLOP/s here, reading the weights at
+the matmul's rate, not the memory's); attention is a few percent. At 64 rows, the matmuls (2 x 64
+rows x 135M parameters = 17 GFLOP a step: compute bound) and still a large share for the ragged
+attention. The engine's per-call bookkeeping outside ``decode_seconds`` is not counted.
 """
 
 from __future__ import annotations
