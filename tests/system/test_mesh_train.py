@@ -31,10 +31,12 @@ from tests.integration.test_dpo import toy_pairs
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EIGHT = ["mesh.fsdp=4", "mesh.tensor=2"]
 
+# {engine}: a run over several processes samples with the static sampler (the rollout engine drives
+# one host's devices), so the GRPO case, compared with a two-process run, uses it in every run
 ONLINE = """
 model: {{name: {model}, dtype: {dtype}}}
 data: {{task: addition, train_size: 32, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 6}}
+sampling: {{max_new_tokens: 6, engine: {engine}}}
 algorithm: {{name: {algo}, group_size: 4, prompts_per_step: 2, micro_batch_size: 4, kl_coef: 0.01 {extra}}}
 optim: {{learning_rate: 1.0e-4}}
 train: {{steps: 3, run_dir: {run_dir}, progress: false, plot: false}}
@@ -52,9 +54,9 @@ train: {{steps: 3, run_dir: {run_dir}, progress: false, plot: false}}
 # embedding elements 1.2e-5 apart at lr 1e-3); in float64 that noise is ~1e-16, far below Adam's eps.
 TOLERANCE = 1e-12
 CASES = {
-    "grpo": (ONLINE, dict(algo="grpo", extra="")),
-    "ppo_shared": (ONLINE, dict(algo="ppo", extra="")),
-    "ppo_separate": (ONLINE, dict(algo="ppo", extra=", critic: separate")),
+    "grpo": (ONLINE, dict(algo="grpo", extra="", engine="static")),
+    "ppo_shared": (ONLINE, dict(algo="ppo", extra="", engine="paged")),
+    "ppo_separate": (ONLINE, dict(algo="ppo", extra=", critic: separate", engine="paged")),
     "dpo": (DPO, {}),
 }
 
