@@ -114,7 +114,8 @@ class EngineDriver:
         try:
             while self._run_commands(block=not self.engine.has_work()):
                 if self.engine.has_work():
-                    self.engine.step()
+                    for out in self.engine.step():
+                        self._resolve(out)
                 self._collect()
                 self._watch()
         except BaseException as e:  # noqa: BLE001 -- a failed step fails every request in flight
@@ -128,7 +129,7 @@ class EngineDriver:
         self._futures.clear()
 
     def _collect(self) -> None:
-        """Resolve every output finished since the last call (by a step or a cancellation)."""
+        """Resolve every output finished outside a step (cancellations)."""
         for out in self.engine.pop_finished():
             self._resolve(out)
 
