@@ -144,7 +144,7 @@ def test_a_grpo_batch_is_grouped_and_its_loss_and_gradient_equal_the_unpacked_on
     trainer = OnlineTrainer(from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir}}}
 data: {{task: addition, train_size: 64, eval_size: 8, max_prompt_length: 64}}
-sampling: {{max_new_tokens: 8}}
+sampling: {{max_new_tokens: 8, engine: static}}  # its draws for this seed stop some rows early
 algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4, kl_coef: 0.01}}
 optim: {{learning_rate: 1.0e-2}}
 train: {{steps: 1, run_dir: {tmp_path / "run"}, progress: false}}
