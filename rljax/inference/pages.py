@@ -58,10 +58,6 @@ class PagePool:
     def refs(self, page: int) -> int:
         return int(self._refs[page])
 
-    def available(self) -> int:
-        """Pages :meth:`allocate` can hand out: the free ones and those only the prefix cache holds."""
-        return len(self._free) + self.cache.evictable()
-
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh pages (reference count 1), evicting prefix-cache entries if needed; ``None``
         when even that is not enough (the cache may then have been emptied, nothing else changed)."""
@@ -96,7 +92,6 @@ class PromptEntry:
 
     pages: list[int]
     logits: Any
-    length: int
 
 
 class PrefixCache:
@@ -110,7 +105,6 @@ class PrefixCache:
         self.pool = pool
         self._blocks: collections.OrderedDict[int, int] = collections.OrderedDict()  # chained hash -> page
         self._prompts: collections.OrderedDict[tuple, PromptEntry] = collections.OrderedDict()
-        self.hits = {"prompt": 0, "pages": 0}
 
     @staticmethod
     def block_keys(tokens: Sequence[int], page_size: int) -> list[int]:
@@ -127,7 +121,6 @@ class PrefixCache:
         if entry is not None:
             self._prompts.move_to_end(tuple(tokens))
             self.pool.hold(entry.pages)
-            self.hits["prompt"] += 1
         return entry
 
     def lookup_pages(self, tokens: Sequence[int], max_pages: int) -> list[int]:
@@ -140,7 +133,6 @@ class PrefixCache:
             self._blocks.move_to_end(key)
             found.append(page)
         self.pool.hold(found)
-        self.hits["pages"] += len(found)
         return found
 
     # ----------------------------------------------------------------- inserts
@@ -159,7 +151,7 @@ class PrefixCache:
             self._prompts.move_to_end(key)
             return
         self.pool.hold(pages)
-        self._prompts[key] = PromptEntry(list(pages), logits, len(tokens))
+        self._prompts[key] = PromptEntry(list(pages), logits)
 
     def drop_prompt(self, tokens: Sequence[int]) -> None:
         entry = self._prompts.pop(tuple(tokens), None)
