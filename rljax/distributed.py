@@ -15,6 +15,18 @@ On the CPU backend the cross-process collectives need gloo
 (``jax_cpu_collectives_implementation``; without it: "Multiprocess computations aren't implemented
 on the CPU backend"), set here before the backend starts. The device count per process is fixed when
 jax starts: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment.
+
+A process that dies (killed, out of memory, its host gone) ends the others with one line and exit
+status :data:`LOST_PROCESS_EXIT_CODE`, by whichever comes first: a collective that fails on the lost
+connection (``rljax.training.loop`` calls :func:`exit_if_lost_process`), or a watcher thread that
+asks JAX's coordination service which processes are alive (``get_live_nodes``, what
+``jax.experimental.multihost_utils.live_devices`` asks) and sees one missing after
+``heartbeat_timeout_s``. The watcher is needed because a collective whose peer died may as well
+block (a gloo ring where this process's ranks wait on each other); the service then is the only
+one that knows. The runtime is made recoverable (``jax_enable_recoverability``) so that the service
+does not abort the survivors itself (a C++ ``Check failure`` with a page of stack, no resume
+command) before the watcher speaks. Where the process that dies is process 0, which hosts the
+service, the others lose the service too and JAX's client aborts them with its own message.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +51,11 @@ __all__ = ["LOST_PROCESS_EXIT_CODE", "any_process", "cluster_detected", "exit_if
 
 LOST_PROCESS_EXIT_CODE = 75
 """Exit status of a process whose peer died (``EX_TEMPFAIL``: restart the job with ``--resume``)."""
+
+HEARTBEAT_TIMEOUT_S = 60
+"""Seconds without a heartbeat after which JAX's coordination service counts a process as dead.
+JAX's default is 100; heartbeats come from a C++ thread of their own, so neither a long compile nor
+a busy Python thread delays them."""
 
 # how a collective reports a peer that is gone: gloo on CPU ("Connection closed by peer", "Read
 # timeout"), the coordination service (heartbeats), gRPC ("Socket closed"), NCCL's remote errors
@@ -55,13 +74,15 @@ def cluster_detected(environ=None) -> bool:
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, timeout_s: int = 300) -> bool:
+               process_id: int | None = None, *, timeout_s: int = 300,
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> bool:
     """Join (or form) the multi-process runtime; returns whether this is a multi-process run.
 
     All three arguments, or none: none on a cluster :func:`cluster_detected` recognises lets JAX read
     them from the environment; none elsewhere is a single-process run (nothing is done). Must run
     before any JAX computation in the process (the backend starts with the first one).
-    ``timeout_s``: how long to wait for the other processes to join.
+    ``timeout_s``: how long to wait for the other processes to join; ``heartbeat_timeout_s``: how
+    long a silent process counts as alive (then the others end, see the module docstring).
     """
     given = {"--coordinator-address": coordinator_address, "--num-processes": num_processes,
              "--process-id": process_id}
@@ -74,20 +95,61 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             raise UserError(f"--coordinator-address must be HOST:PORT, got {coordinator_address!r}")
         if not (num_processes >= 1 and 0 <= process_id < num_processes):
             raise UserError(f"--process-id must be in [0, --num-processes={num_processes}), got {process_id}")
-        _use_gloo_on_cpu()
+        _before_the_runtime()
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=timeout_s)
-        return num_processes > 1
-    if cluster_detected():
-        _use_gloo_on_cpu()
-        jax.distributed.initialize(initialization_timeout=timeout_s)
-        return jax.process_count() > 1
-    return False
+                                   process_id=process_id, initialization_timeout=timeout_s,
+                                   heartbeat_timeout_seconds=heartbeat_timeout_s)
+    elif cluster_detected():
+        _before_the_runtime()
+        jax.distributed.initialize(initialization_timeout=timeout_s, heartbeat_timeout_seconds=heartbeat_timeout_s)
+    else:
+        return False
+    from jax._src import distributed as jax_distributed  # the client live_devices uses; no public handle
+
+    state = jax_distributed.global_state
+    if state.num_processes < 2:
+        return False
+    _start_peer_watch(state.client, state.process_id, state.num_processes, heartbeat_timeout_s)
+    return True
 
 
-def _use_gloo_on_cpu() -> None:
-    # harmless where the devices are accelerators: it only selects the CPU backend's collectives
+def _before_the_runtime() -> None:
+    # gloo: harmless where the devices are accelerators, it only selects the CPU backend's collectives
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_enable_recoverability", True)
+
+
+_watch_stopped = threading.Event()
+
+
+def _start_peer_watch(client, me: int, n: int, heartbeat_timeout_s: int, interval_s: float = 2.0) -> None:
+    """The watcher thread of the module docstring; it stops when the process exits normally (an
+    ``atexit`` hook, run before JAX's own shutdown, which was registered earlier)."""
+    import atexit
+
+    if client is None or not hasattr(client, "get_live_nodes"):
+        return
+    _watch_stopped.clear()
+    atexit.register(_watch_stopped.set)
+    everyone = list(range(n))
+
+    def watch():
+        while not _watch_stopped.is_set():
+            try:
+                live = client.get_live_nodes(everyone)  # every live process calls it: a barrier over them
+            except Exception as err:  # noqa: BLE001 - the service is gone (JAX's client usually aborts first)
+                if not _watch_stopped.is_set():
+                    _exit_lost(_lost_line([0], f"the coordination service it hosts stopped answering: {err}"))
+                return
+            if _watch_stopped.is_set() or me not in live:  # this process is shutting down
+                return
+            lost = [p for p in everyone if p not in live]
+            if lost:
+                _exit_lost(_lost_line(lost, f"no heartbeat for {heartbeat_timeout_s} s: JAX's coordination service "
+                                            "counts it dead"))
+            time.sleep(interval_s)
+
+    threading.Thread(target=watch, name="rljax-peer-watch", daemon=True).start()
 
 
 def is_main_process() -> bool:
@@ -126,9 +188,15 @@ def lost_process_line(err: BaseException, *, argv: list[str] | None = None) -> s
     if n < 2 or not any(marker in text.lower() for marker in _LOST_PEER):
         return None
     me = jax.process_index()
-    who = f"process {1 - me}" if n == 2 else "another process"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-    return (f"rljax: process {me} of {n} lost contact with {who} ({first[:200]}): it stopped or died, so the run "
+    return _lost_line([1 - me] if n == 2 else None, first, argv=argv)
+
+
+def _lost_line(lost: list[int] | None, why: str, *, argv: list[str] | None = None) -> str:
+    n, me = jax.process_count(), jax.process_index()
+    who = "another process" if lost is None else ("process " if len(lost) == 1 else "processes ") + \
+        ", ".join(map(str, lost))
+    return (f"rljax: process {me} of {n} lost contact with {who} ({why[:200]}): it stopped or died, so the run "
             f"cannot go on; restart every process (each with its own --process-id) with --resume: "
             f"{_resume_command(sys.argv if argv is None else argv)}")
 
@@ -138,8 +206,11 @@ def exit_if_lost_process(err: BaseException) -> None:
     :data:`LOST_PROCESS_EXIT_CODE`. ``os._exit``: a normal exit waits for the runtime's shutdown
     barrier, which the dead process never reaches, and then aborts with a page of C++ stack."""
     line = lost_process_line(err)
-    if line is None:
-        return
+    if line is not None:
+        _exit_lost(line)
+
+
+def _exit_lost(line: str) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()

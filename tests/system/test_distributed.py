@@ -1,9 +1,14 @@
-"""rljax.distributed: finding a cluster, refusing half-given process settings, and `any_process`,
-the OR over processes that keeps every process acting on the same stop / save decision (checked in
-two real processes joined by jax.distributed over gloo on 127.0.0.1)."""
+"""rljax.distributed: finding a cluster, refusing half-given process settings, `any_process` (the OR
+over processes that keeps every process acting on the same stop / save decision) and the watcher
+that ends a survivor whose peer died (checked in two real processes joined by jax.distributed over
+gloo on 127.0.0.1)."""
 
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -87,3 +92,48 @@ def test_a_lost_process_is_one_line_naming_it_and_the_resume_command(monkeypatch
     except RuntimeError as outer:
         assert lost_process_line(outer, argv=argv).startswith("rljax: process 1 of 2 lost contact with process 0")
     assert lost_process_line(ConnectionRefusedError("Connection refused"), argv=argv) is None
+
+
+_SURVIVOR = """
+import os, signal, sys, time
+from rljax.distributed import any_process, initialize
+port, pid = sys.argv[1], int(sys.argv[2])
+assert initialize(f"127.0.0.1:{port}", 2, pid, timeout_s=120, heartbeat_timeout_s=10)
+any_process(False)  # both joined and ran a collective
+print("joined", flush=True)
+if pid == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+while True:  # in no collective: only the watcher can learn that process 1 is gone
+    time.sleep(1)
+"""
+
+
+def test_a_survivor_outside_any_collective_ends_with_one_line_once_its_peer_is_dead(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, PYTHONFAULTHANDLER="1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]
+    procs = []
+    for i, path in enumerate(logs):
+        with open(path, "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-c", _SURVIVOR, str(port), str(i)], stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, cwd=REPO))
+    try:
+        procs[1].wait(timeout=300)  # hang guards, not time limits
+        died = time.monotonic()
+        procs[0].wait(timeout=300)
+        took = time.monotonic() - died  # ~10-20 s: the heartbeat timeout, then the watcher's next call
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGABRT)
+                p.wait(timeout=60)
+    out = logs[0].read_text()
+    assert procs[1].returncode == -signal.SIGKILL, logs[1].read_text()[-3000:]
+    assert procs[0].returncode == 75, out[-3000:]
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("rljax: process 0 of 2 lost contact with process 1 (no heartbeat for 10 s: JAX's "
+                           "coordination service counts it dead): it stopped or died"), out[-3000:]
+    assert "Check failure" not in out and "Traceback" not in out, out[-3000:]
+    assert took < 300, took
