@@ -11,6 +11,9 @@ os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
 # run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
+# no persistent compilation cache (rljax.compile_cache) in the user's home from the tests' CLI runs;
+# tests/system/test_compile_cache.py turns it on in a temporary directory
+os.environ.setdefault("RLJAX_COMPILATION_CACHE", "0")
 
 import jax  # noqa: E402
 

@@ -483,25 +483,40 @@ def _same_arrays(a, b) -> bool:
 
 def default_num_pages(engine: Engine, states) -> int:
     """Pages for the memory left after the weights: 90% of the accelerator memory the weights leave
-    free; on a CPU host, a quarter of the available memory. Never more than ``max_slots`` full-context
-    sequences need."""
+    free; on a CPU host, a quarter of its memory (at most half of what is available now), rounded
+    down to one of four steps per power of two (:func:`_coarse`), so that runs on one host get the
+    same pool, hence the same programs, which the persistent compilation cache then serves
+    (``rljax.compile_cache``). Never more than ``max_slots`` full-context sequences need."""
     page_bytes = engine.kv_bytes_per_token * engine.page_size
     device = jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
-        free = 0.9 * (stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        pages = int(0.9 * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) // page_bytes)
     else:
-        free = 0.25 * _host_available_bytes()
+        total, available = _host_memory_bytes()
+        pages = _coarse(int(min(0.25 * total, 0.5 * available) // page_bytes))
     most = engine.max_slots * math.ceil(engine.max_context / engine.page_size) + 1
-    return int(max(2, min(free // page_bytes, most)))
+    return int(max(2, min(pages, most)))
 
 
-def _host_available_bytes() -> int:
+def _coarse(n: int) -> int:
+    """``n`` rounded down to a multiple of a quarter of its largest power of two (4, 5, 6, 7, 8, 10,
+    12, 14, 16, 20, ...): at most a fifth less, and the same for nearby values."""
+    if n < 4:
+        return n
+    unit = 1 << (n.bit_length() - 3)
+    return n // unit * unit
+
+
+def _host_memory_bytes() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) of /proc/meminfo; 16 and 4 GiB where it cannot be read."""
+    found = {}
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    found[key] = int(rest.split()[0]) * 1024
     except OSError:
         pass
-    return 4 << 30
+    return found.get("MemTotal", 16 << 30), found.get("MemAvailable", 4 << 30)

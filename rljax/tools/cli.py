@@ -721,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:
         args.overrides = [*args.overrides, *rest]
+    from rljax.compile_cache import use_compilation_cache
+
+    use_compilation_cache()  # a rerun of the same shapes loads its compiled programs (docs/performance.md)
     if args.command in _KEEP_HOST_MEMORY:
         from rljax.host_memory import keep_host_memory
 
