@@ -157,7 +157,8 @@ class AgentServer:
         return list(best[1]) + (list(self.tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
 
     def _begin(self, episode: str, body: Any) -> tuple[Any, str | None]:
-        """The request body with the episode's settings, or an error message (and the field) for a 400."""
+        """``(body with the episode's settings, "")``, ``(None, message)`` for a 400 on ``temperature``,
+        ``(None, None)`` for an episode that is not open."""
         with self._lock:
             state = self._episodes.get(episode)
             if state is None:
@@ -169,9 +170,9 @@ class AgentServer:
             if temperature is None:
                 temperature = state.temperature
             elif state.strict and state.temperature is not None and temperature != state.temperature:
-                return (f"temperature: this episode trains the policy at sampling.temperature={state.temperature} "
+                return None, (f"temperature: this episode trains the policy at sampling.temperature={state.temperature} "
                         f"(the trainer's log-probs are taken at it), but the call asks for {temperature}; leave "
-                        "temperature out or set sampling.temperature"), "temperature"
+                        "temperature out or set sampling.temperature")
             state.started += 1
             state.in_flight += 1
         body = dict(body, model=self.server.model_id)
