@@ -153,8 +153,8 @@ def run_agent_episodes(agent: Callable, tasks: Sequence[dict], *, server: AgentS
 def score_episodes(episodes: Sequence[AgentEpisode], rewards) -> None:
     """Give the episodes whose agent returned None the score of ``rewards`` (a ``rljax.rewards``
     ``RewardSet``: a judge in ``group`` mode compares the episodes of one task) on their last reply;
-    without ``rewards`` such an episode fails. Every unfailed episode is shown to ``rewards``, so a
-    group judge sees the whole group."""
+    without ``rewards`` such an episode fails. Every unfailed episode is shown to ``rewards`` (its task
+    with the reply's ``completion_ids``), so a group judge sees the whole group."""
     unscored = [e for e in episodes if not e.failed and e.returned is None]
     if not unscored:
         return
@@ -163,7 +163,9 @@ def score_episodes(episodes: Sequence[AgentEpisode], rewards) -> None:
             e.error = "the agent returned None and the run has no rewards to score it (set rewards, e.g. a judge)"
         return
     shown = [e for e in episodes if not e.failed]
-    out = rewards([e.final_text for e in shown], [e.task for e in shown])
+    last = [e.calls[-1].choices[0].token_ids if e.calls and e.calls[-1].choices else [] for e in shown]
+    out = rewards([e.final_text for e in shown], [dict(e.task, completion_ids=list(ids), completion_length=len(ids))
+                                                  for e, ids in zip(shown, last)])
     for e, total, missing in zip(shown, out.total, out.missing):
         if e.returned is None:
             if missing:

@@ -148,25 +148,32 @@ def test_an_agent_that_raises_is_counted_and_dropped_and_the_others_go_on(server
 
 AGENT = '''
 def run(task, client):
-    """Reply to the task; the reward is the share of lowercase letters."""
+    """Reply to the task; the reward is the share of lowercase letters (None: left to the run's rewards
+    on tasks whose prompt holds "leave")."""
     r = client.chat.completions.create(model="any", messages=[{"role": "user", "content": task["prompt"]}])
     text = r.choices[0].message.content or ""
-    return sum(c.islower() for c in text) / max(len(text), 1)
+    return None if "leave" in task["prompt"] else sum(c.islower() for c in text) / max(len(text), 1)
+
+
+def reply_length(prompts, completions, completion_ids, **columns):
+    return [len(ids) / 10 for ids in completion_ids]
 '''
 
 
-def _agent_cfg(tiny_dir, tmp_path, steps, **environment):
+def _agent_cfg(tiny_dir, tmp_path, steps, data=None, rewards=None, **environment):
     path = tmp_path / "lower_agent.py"
     path.write_text(AGENT)
     env = {"type": "agent", "function": f"{path}:run", "concurrency": 16, "max_tokens": 96, **environment}
+    data = data or {"task": "addition", "train_size": 64, "eval_size": 0, "max_prompt_length": 64}
     return from_yaml(RunConfig, f"""
 model: {{name: {tiny_dir}}}
-data: {{task: addition, train_size: 64, eval_size: 0, max_prompt_length: 64}}
+data: {json.dumps(data)}
 sampling: {{max_new_tokens: 6, max_slots: 16, page_size: 8}}
 environment: {json.dumps(env)}
 algorithm: {{name: grpo, group_size: 4, prompts_per_step: 4}}
 optim: {{learning_rate: 2.0e-2}}
 train: {{steps: {steps}, run_dir: {tmp_path / 'run'}, progress: false, samples_every: null, save_model: false}}
+rewards: {json.dumps(rewards or {})}
 """)
 
 
@@ -205,6 +212,27 @@ def test_grpo_with_an_agent_raises_its_reward(tiny_dir, tmp_path):
         steps = [m for m in map(json.loads, f) if "loss" in m]
     returns = [m["agent/return"] for m in steps]
     assert np.mean(returns[-3:]) > np.mean(returns[:3]) + 0.2, returns
+
+
+def test_where_the_agent_returns_none_the_runs_rewards_score_its_last_reply(tiny_dir, tmp_path):
+    rows = tmp_path / "tasks.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{'leave' if i % 2 else 'say'} {i}"}) + "\n" for i in range(8)))
+    cfg = _agent_cfg(tiny_dir, tmp_path, steps=1, data={"path": str(rows), "train_size": 8, "eval_size": 0},
+                     rewards={"length": {"type": "python", "function": f"{tmp_path}/lower_agent.py:reply_length"}})
+    trainer = OnlineTrainer(cfg)
+    metrics = trainer.step_once()
+    episodes = trainer.agents.last_episodes
+    left = [e for e in episodes if "leave" in e.task["prompt"]]
+    assert 0 < len(left) < len(episodes) == 16 and metrics["agent/failed_episodes"] == 0
+    assert metrics["agent/scored_by_rewards"] == len(left) / 16
+    for e in episodes:
+        if "leave" in e.task["prompt"]:
+            assert e.returned is None and e.scored_by == "rewards"
+            assert e.reward == len(e.calls[-1].choices[0].token_ids) / 10
+        else:
+            assert e.scored_by == "agent" and e.reward == e.returned is not None
+    np.testing.assert_array_equal(trainer.last_rollouts.scores, np.float32([e.reward for e in episodes]))
+    trainer.agents.close()
 
 
 def test_a_bad_agent_is_refused_before_step_0(tiny_dir, tmp_path):

@@ -116,10 +116,11 @@ def test_tool_call_counts_are_per_episode():
 
 
 def test_episodes_that_return_none_are_scored_by_the_rewards_on_their_last_reply():
-    seen = []
+    seen, seen_ids = [], []
 
     def rewards(completions, examples):
         seen.append((list(completions), [e["prompt"] for e in examples]))
+        seen_ids.extend(e["completion_ids"] for e in examples)
         total = np.array([len(c) / 10 for c in completions])
         return RewardOutput(total, {"judge": total}, np.array([c == "?" for c in completions]))
 
@@ -129,7 +130,8 @@ def test_episodes_that_return_none_are_scored_by_the_rewards_on_their_last_reply
 
     episodes = [one("abcd", None), one("ab", 0.9), one("?", None), _episode({"prompt": "t"}, None, [], error="E: x")]
     score_episodes(episodes, rewards)
-    assert seen == [(["abcd", "ab", "?"], ["t", "t", "t"])]  # a group judge sees every unfailed episode
+    assert seen == [(["abcd", "ab", "?"], ["t", "t", "t"])]
+    assert seen_ids == [[4], [4], [4]]  # the last reply's ids, as a completion's  # a group judge sees every unfailed episode
     assert episodes[0].reward == 0.4 and episodes[0].scored_by == "rewards"
     assert episodes[1].reward == 0.9 and episodes[1].scored_by == "agent"  # what the agent returned wins
     assert episodes[2].failed and "did not score" in episodes[2].error
