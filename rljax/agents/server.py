@@ -72,7 +72,9 @@ class AgentServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self._http = uvicorn.Server(uvicorn.Config(_Router(self), host="127.0.0.1", port=self.port,
+        # log_config=None: uvicorn's own logging.config.dictConfig would close every handler the process
+        # has (the trainer's, pytest's capture), so the server logs through the process's configuration
+        self._http = uvicorn.Server(uvicorn.Config(_Router(self), host="127.0.0.1", port=self.port, log_config=None,
                                                    log_level="warning", lifespan="off"))
         self._thread = threading.Thread(target=self._http.run, kwargs={"sockets": [sock]}, name="rljax-agent-server",
                                         daemon=True)
