@@ -425,7 +425,7 @@ class OnlineTrainer:
         rolls, episodes = [], []
         for start in range(0, len(examples), 64):
             rolls.append(self.sample(examples[start : start + 64], key, repeats=1, evaluation=True))
-            episodes += self.last_episodes
+            episodes += self.last_episodes if self.agents is None else self.agents.last_episodes
         self.last_eval_rollouts = rolls
         if not rolls:
             return {}
@@ -440,7 +440,11 @@ class OnlineTrainer:
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
         if self.rewards is not None:
             results.update(_reward_counters(self.rewards.functions, prefix="eval/"))
-        if episodes:  # every batch's episodes
+        if episodes and self.agents is not None:  # every batch's agent episodes
+            from rljax.agents import agent_metrics
+
+            results.update(agent_metrics(episodes, version=self.run.step, prefix="eval/agent/"))
+        elif episodes:  # every batch's episodes
             results.update(episode_metrics(episodes, prefix="eval/env/"))
         return results
 

@@ -217,7 +217,9 @@ def test_grpo_with_an_agent_raises_its_reward(tiny_dir, tmp_path):
 def test_where_the_agent_returns_none_the_runs_rewards_score_its_last_reply(tiny_dir, tmp_path):
     rows = tmp_path / "tasks.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{'leave' if i % 2 else 'say'} {i}"}) + "\n" for i in range(8)))
-    cfg = _agent_cfg(tiny_dir, tmp_path, steps=1, data={"path": str(rows), "train_size": 8, "eval_size": 0},
+    held = tmp_path / "held_out.jsonl"
+    held.write_text(json.dumps({"prompt": "say 100"}) + "\n" + json.dumps({"prompt": "leave 101"}) + "\n")
+    cfg = _agent_cfg(tiny_dir, tmp_path, steps=1, data={"path": str(rows), "eval_path": str(held), "train_size": 8},
                      rewards={"length": {"type": "python", "function": f"{tmp_path}/lower_agent.py:reply_length"}})
     trainer = OnlineTrainer(cfg)
     metrics = trainer.step_once()
@@ -232,6 +234,13 @@ def test_where_the_agent_returns_none_the_runs_rewards_score_its_last_reply(tiny
         else:
             assert e.scored_by == "agent" and e.reward == e.returned is not None
     np.testing.assert_array_equal(trainer.last_rollouts.scores, np.float32([e.reward for e in episodes]))
+    # evaluation: one episode per held-out task, greedy, at the updated policy's version
+    results = trainer.evaluate()
+    held_out = trainer.agents.last_episodes
+    assert results["eval/agent/episodes"] == 2 == len(held_out) and results["eval/agent/stale_calls"] == 0
+    assert [e.task["prompt"] for e in held_out] == ["say 100", "leave 101"] and held_out[1].scored_by == "rewards"
+    assert all(c.request["temperature"] == 0.0 and c.policy_version == 1 for e in held_out for c in e.calls)
+    np.testing.assert_allclose(results["eval/environment"], np.mean([e.reward for e in held_out]), rtol=1e-6)
     trainer.agents.close()
 
 
