@@ -16,12 +16,12 @@ call's number``) when the call gives none, so a deterministic agent samples the 
 The ``model`` a call names is ignored: every call goes to the policy.
 
 Calls of one episode keep their sampled ids: a chat prompt whose text starts with the text of an
-earlier call's prompt + completion in the episode (its ids decoded, or the prompt's text + the reply's
-text + its stop token, which is how a chat template renders the reply sent back) is encoded as those
-ids + the rest's (as ``rljax.environments.episodes`` appends an environment's reply), so an agent
-that sends the model's replies back joins them into one sequence (``rljax.agents.trajectory``) even
-where re-encoding the text would not give the sampled ids (bytes of an unfinished character,
-special tokens left out of the text, another split of the same text).
+earlier call's prompt + completion in the episode (:func:`replayed_sequences`: how a chat template
+renders the reply sent back) is encoded as those ids + the rest's (as ``rljax.environments.episodes``
+appends an environment's reply), so an agent that sends the model's replies back joins them into one
+sequence (``rljax.agents.trajectory``) even where re-encoding the text would not give the sampled ids
+(bytes of an unfinished character, special tokens left out of the text, tool calls written back in
+another layout, another split of the same text).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import uvicorn
 from rljax.serve import CallRecord, Server
 from rljax.serve.protocol import BadRequest
 
-__all__ = ["AgentServer", "EPISODE_FIELD"]
+__all__ = ["AgentServer", "EPISODE_FIELD", "encode_with_history", "replayed_sequences"]
 
 EPISODE_FIELD = "rljax_episode"  # the request body's field naming the episode (set by the router)
 _MAX_BODY = 4 << 20
@@ -131,32 +131,14 @@ class AgentServer:
             state.sequences += self._sequences(record)
 
     def _sequences(self, record: CallRecord) -> list[tuple[str, list[int]]]:
-        """``(text, ids)`` of each choice's prompt + completion: the ids' own text, and the text a chat
-        template renders the reply with (its text, special tokens left out, then its stop token),
-        unless a stop string cut the reply (its ids then hold text the reply does not)."""
-        decode = self.tokenizer.decode
-        prompt = list(record.prompt_token_ids)
-        prompt_text = decode(prompt, skip_special_tokens=False)
-        out = []
-        for choice in record.choices:
-            ids = prompt + list(choice.token_ids)
-            out.append((decode(ids, skip_special_tokens=False), ids))
-            stopped = bool(choice.token_ids) and choice.token_ids[-1] in self.server.stop_token_ids
-            if stopped or choice.finish_reason == "length":
-                stop = decode(choice.token_ids[-1:], skip_special_tokens=False) if stopped else ""
-                out.append((prompt_text + choice.text + stop, ids))
-        return out
+        return replayed_sequences(self.tokenizer, self.server.stop_token_ids, record)
 
     def _encode_chat(self, text: str, request) -> list[int]:
         tag = (request.model_extra or {}).get(EPISODE_FIELD)
         with self._lock:
             state = self._episodes.get(tag[0]) if isinstance(tag, list) else None
             sequences = list(state.sequences) if state is not None else []
-        best = max((s for s in sequences if s[0] and text.startswith(s[0])), key=lambda s: len(s[1]), default=None)
-        if best is None:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        rest = text[len(best[0]):]
-        return list(best[1]) + (list(self.tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
+        return encode_with_history(self.tokenizer, text, sequences)
 
     def _begin(self, episode: str, body: Any) -> tuple[Any, str | None]:
         """``(body with the episode's settings, "")``, ``(None, message)`` for a 400 on ``temperature``,
@@ -199,6 +181,45 @@ class AgentServer:
             if state is not None:
                 state.in_flight -= 1
                 self._lock.notify_all()
+
+
+def replayed_sequences(tokenizer, stop_token_ids, record) -> list[tuple[str, list[int]]]:
+    """``(text, ids)`` of each choice's prompt + completion of ``record``: the ids' own text, and the
+    text a chat template renders the reply with when the agent sends it back (its content, the tool
+    calls written back as ``<tool_call>`` blocks as ``rljax.serve.protocol.chat_prompt`` writes them
+    for a template that does not render tools, then its stop token), unless a stop string cut the
+    reply (its ids then hold text the reply does not)."""
+    decode = tokenizer.decode
+    prompt = list(record.prompt_token_ids)
+    prompt_text = decode(prompt, skip_special_tokens=False)
+    out = []
+    for choice in record.choices:
+        ids = prompt + list(choice.token_ids)
+        out.append((decode(ids, skip_special_tokens=False), ids))
+        stopped = bool(choice.token_ids) and choice.token_ids[-1] in stop_token_ids
+        if not (stopped or choice.finish_reason == "length"):
+            continue
+        stop = decode(choice.token_ids[-1:], skip_special_tokens=False) if stopped else ""
+        out.append((prompt_text + choice.text + stop, ids))
+        if choice.tool_calls:
+            try:
+                blocks = "".join("<tool_call>" + json.dumps({"name": c["function"]["name"],
+                                                             "arguments": json.loads(c["function"]["arguments"])})
+                                 + "</tool_call>" for c in choice.tool_calls)
+            except (KeyError, TypeError, ValueError):
+                continue
+            out.append((prompt_text + (choice.content or "") + blocks + stop, ids))
+    return out
+
+
+def encode_with_history(tokenizer, text: str, sequences: list[tuple[str, list[int]]]) -> list[int]:
+    """``text``'s ids: the ids of the longest of ``sequences`` whose text starts it, then the rest
+    encoded; all of it encoded when none does."""
+    best = max((s for s in sequences if s[0] and text.startswith(s[0])), key=lambda s: len(s[1]), default=None)
+    if best is None:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    rest = text[len(best[0]):]
+    return list(best[1]) + (list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
 
 
 class _Router:

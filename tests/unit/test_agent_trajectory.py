@@ -7,18 +7,21 @@ import numpy as np
 import pytest
 
 from rljax.agents import AgentEpisode, agent_metrics, agent_rollout, assemble, load_agent, score_episodes
+from rljax.agents.server import encode_with_history, replayed_sequences
 from rljax.config import ConfigError, from_yaml
 from rljax.errors import UserError
 from rljax.rewards.base import RewardOutput
 from rljax.run_config import RunConfig
+from rljax.serve.protocol import ChatRequest, Decoder, chat_prompt, tool_message
 from tests._tiny import tiny_tokenizer
 
 EOS = 2
 
 
-def choice(ids, lps, reason="stop", text="", tool_calls=(), errors=()):
-    return SimpleNamespace(token_ids=list(ids), logprobs=list(lps), finish_reason=reason, text=text, content=text,
-                           tool_calls=list(tool_calls), tool_call_errors=list(errors))
+def choice(ids, lps, reason="stop", text="", tool_calls=(), errors=(), content=None):
+    return SimpleNamespace(token_ids=list(ids), logprobs=list(lps), finish_reason=reason, text=text,
+                           content=text if content is None else content, tool_calls=list(tool_calls),
+                           tool_call_errors=list(errors))
 
 
 def call(prompt, *choices, version=0, messages=None):
@@ -177,3 +180,42 @@ def test_agent_configs_parse_and_existing_environment_configs_keep_working():
     assert from_yaml(RunConfig, "environment: {type: agent, function: my_agent.py:run}").rewards == {}
     env = from_yaml(RunConfig, "environment: {name: toy, max_turns: 2}").environment
     assert not env.is_agent and env.type == "environment" and env.name == "toy"
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+
+
+def _chat_text(tok, messages):
+    return chat_prompt(tok, ChatRequest.model_validate({"model": "m", "messages": messages, "tools": TOOLS}))[0]
+
+
+def test_a_reply_sent_back_keeps_its_sampled_ids_so_the_calls_join():
+    tok = tiny_tokenizer()
+    encode = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    messages = [{"role": "user", "content": "1+2?"}]
+    first_prompt = encode(_chat_text(tok, messages))
+    # the model's own layout: a space before the block, newlines inside it
+    raw = 'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    ids = encode(raw) + [EOS]
+    text = Decoder(tok, (EOS,)).text(ids)
+    message, errors = tool_message(text, TOOLS)
+    assert message["content"] == "Let me add." and not errors and len(message["tool_calls"]) == 1
+    record = call(first_prompt, choice(ids, [-0.5] * len(ids), "tool_calls", text=text, content=message["content"],
+                                       tool_calls=message["tool_calls"]))
+    # the agent sends the message back as the openai client gave it, with the tool's result
+    messages += [{"role": "assistant", "content": message["content"], "tool_calls": message["tool_calls"]},
+                 {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "3"}]
+    second_text = _chat_text(tok, messages)
+    assert not encode(second_text)[:len(first_prompt) + len(ids)] == first_prompt + ids  # re-rendered differently
+    second_prompt = encode_with_history(tok, second_text, replayed_sequences(tok, (EOS,), record))
+    rest = second_prompt[len(first_prompt) + len(ids):]
+    assert second_prompt[:len(first_prompt) + len(ids)] == first_prompt + ids
+    assert tok.decode(rest) == "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n"
+    [joined] = assemble([record, call(second_prompt, choice([51, EOS], [-1.0, -1.0]))])
+    assert sum(joined.policy_mask) == len(ids) + 2 and joined.token_ids == second_prompt + [51, EOS]
+
+    # a reply cut by a stop string holds tokens the text sent back does not: its ids are not replayed
+    cut = call(first_prompt, choice(ids[:-1], [-0.5] * (len(ids) - 1), "stop", text="Let me add."))
+    assert [t for t, _ in replayed_sequences(tok, (EOS,), cut)] == [tok.decode(first_prompt + ids[:-1])]
+    assert encode_with_history(tok, "unrelated", replayed_sequences(tok, (EOS,), record)) == encode("unrelated")
