@@ -274,9 +274,21 @@ class EnvironmentSection:
     """Multi-turn episodes with an environment (``rljax.environments``) instead of single completions.
     ``name: ""`` (the default) = off. Episodes come from the environment's ``reset(seed, {split})``
     (``data.train_size`` training seeds, ``data.eval_size`` held-out ones); ``data.task`` is unused and
-    ``rewards`` must be empty (the environment's rewards are the score)."""
+    ``rewards`` must be empty (the environment's rewards are the score).
 
+    ``type: agent`` runs outside agent code instead (``rljax.agents``): ``function`` names
+    ``run(task, client) -> float | None``, called on each of the data's rows (``data.task`` or
+    ``data.path``) ``group_size`` times, at most ``concurrency`` episodes at once; its calls through
+    the ``openai`` client become the trajectories, its return value the reward (``rewards``, e.g. a
+    judge, score the episodes where it returns None). ``max_tokens`` bounds each transition,
+    ``max_transitions`` how many an episode keeps (each task's group is ``group_size ×
+    max_transitions`` rows)."""
+
+    type: Literal["environment", "agent"] = "environment"
     name: str = ""  # a registered environment (calculator, toy) or "module:Class"; "" = single-turn
+    function: str = ""  # type agent: "path/to/file.py:run" or "module:run"
+    concurrency: int = 16  # type agent: episodes running at once
+    max_transitions: int = 1  # type agent: transitions kept per episode (its last ones)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword arguments of its constructor
     max_turns: int = 4  # assistant turns per episode (then truncated)
     max_tokens: int = 1024  # tokens per trajectory, prompt included (no room for another turn: truncated)
@@ -287,11 +299,34 @@ class EnvironmentSection:
     gamma: float = 1.0  # discount of reward_to_go
     workers: int = 8  # threads calling the environments
 
+    @property
+    def is_agent(self) -> bool:
+        return self.type == "agent"
+
     def validate(self) -> None:
         check_range(self, "max_turns", low=1)
         check_range(self, "max_tokens", low=1)
         check_range(self, "gamma", low=0, high=1)
         check_range(self, "workers", low=1)
+        check_range(self, "concurrency", low=1)
+        check_range(self, "max_transitions", low=1)
+        if self.type == "agent":
+            if self.name:
+                raise FieldError("name", f"{self.name!r}: an agent run (type: agent) runs environment.function, "
+                                         "not an environment; remove name (or set type: environment)")
+            if not is_spec(self.function):
+                raise FieldError("function", "type: agent needs the agent as 'path/to/file.py:run' or "
+                                             f"'module:run' (a function run(task, client) -> float | None), got "
+                                             f"{self.function!r}")
+            if self.credit != "trajectory":
+                raise FieldError("credit", f"{self.credit!r}: an agent's transitions each carry the episode's "
+                                           "reward (credit: trajectory); per-turn credit is for environments")
+            return
+        if self.function:
+            raise FieldError("function", f"{self.function!r} is an agent function: set type: agent")
+        for field in ("concurrency", "max_transitions"):
+            if getattr(self, field) != getattr(EnvironmentSection, field):
+                raise FieldError(field, "is a setting of agent runs (type: agent)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +376,8 @@ class RunConfig:
                 raise FieldError("sampling", f"{self.algorithm.name} is an offline algorithm: it never samples, "
                                              "so sampling settings are unused; remove the section")
             return
+        if self.environment.is_agent:
+            return  # scored by the agent's return value; rewards (a judge) only where it returns None
         if self.environment.name:
             if self.rewards:
                 raise FieldError("rewards", f"an environment run ({self.environment.name}) is scored by the "

@@ -124,12 +124,16 @@ def _param(loc) -> str | None:
 class Server:
     """The app (``server.app``) and the engine's driver thread. ``model_id``: the name clients send as
     ``model`` (another gets 404); ``api_key``: required as ``Authorization: Bearer KEY`` when set;
-    ``on_call``: called on the server's event loop with a :class:`CallRecord` after each call."""
+    ``on_call``: called on the server's event loop with a :class:`CallRecord` after each call;
+    ``encode_chat(text, request)``: the prompt ids of a rendered chat prompt (default: the tokenizer's),
+    so a caller can keep earlier sampled ids where the text re-renders them (``rljax.agents``)."""
 
     def __init__(self, engine: Engine, tokenizer: Any, *, model_id: str, api_key: str | None = None,
                  on_call: Callable[[CallRecord], None] | None = None, max_body_bytes: int = 4 << 20,
-                 stop_token_ids: tuple[int, ...] | None = None):
+                 stop_token_ids: tuple[int, ...] | None = None,
+                 encode_chat: Callable[[str, ChatRequest], list[int]] | None = None):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
+        self.encode_chat = encode_chat
         self.api_key, self.on_call = api_key, on_call
         self.stop_token_ids = tuple(stop_token_ids if stop_token_ids is not None
                                     else model_stop_ids(tokenizer, engine.config))
@@ -211,7 +215,8 @@ class Server:
         tools: list[dict] = []
         if kind == "chat":
             text, tools = chat_prompt(self.tokenizer, req)
-            prompt = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            prompt = (list(self.encode_chat(text, req)) if self.encode_chat is not None
+                      else list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
             param, max_tokens = "messages", req.max_completion_tokens or req.max_tokens
         elif isinstance(req.prompt, str):
             prompt = list(self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])

@@ -219,11 +219,13 @@ class OnlineTrainer:
             _check_enough_prompts(len(self.train_examples), self.data_counts, cfg)
             # an environment run is scored by its environment (rljax.environments), not by rewards
             env = cfg.environment
-            self.rewards = None if env.name else build_rewards(cfg.rewards, tokenizer=tokenizer,
-                                                                         base_model=cfg.model.name)
+            self.rewards = None if env.name or (env.is_agent and not cfg.rewards) else build_rewards(
+                cfg.rewards, tokenizer=tokenizer, base_model=cfg.model.name)
             self.make_env = environment_factory(env.name, env.options, tokenizer=tokenizer) if env.name else None
-            # rows per group: a per-turn run pads each group's turns to group_size × max_turns rows
-            self.group_rows = a.group_size * (env.max_turns if env.name and env.credit == "turn" else 1)
+            # rows per group: a per-turn run pads each group's turns to group_size × max_turns rows, an
+            # agent run each episode's transitions to max_transitions rows
+            self.group_rows = a.group_size * (env.max_turns if env.name and env.credit == "turn" else
+                                              env.max_transitions if env.is_agent else 1)
             self.advantage_cfg = a if self.group_rows == a.group_size else dataclasses.replace(
                 a, group_size=self.group_rows)
             self.last_episodes: list = []  # the latest sample's episodes (environment runs)
@@ -242,6 +244,13 @@ class OnlineTrainer:
             self.eval_sampling = sampling_config(cfg.sampling, tokenizer, self.run.model_config, evaluation=True)
             self.sample_stream = rng.stream(cfg.train.seed, "sample")
             self._engine: Engine | None = None
+            self.agents = None  # an agent run's sampler (rljax.agents): its server over an engine of its own
+            if env.is_agent:
+                from rljax.agents import AgentSampler  # the openai client and the server load only for agent runs
+
+                self.agents = AgentSampler(env, tokenizer=tokenizer, sampling=self.sampling,
+                                           eval_sampling=self.eval_sampling, engine_settings=cfg.sampling,
+                                           rewards=self.rewards)
             self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
             self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
             if write_config:
@@ -261,6 +270,10 @@ class OnlineTrainer:
         always scores whole trajectories), their metrics in ``last_episode_metrics``."""
         if self.make_env is not None:
             return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation)
+        if self.agents is not None:  # agent code's calls, served by the policy at this step's weights
+            roll, self.last_episode_metrics = self.agents.sample(self.run.policy.split, examples, key, repeats=repeats,
+                                                                 version=self.run.step, evaluation=evaluation)
+            return roll
         return rollout(self.run.policy.split, self.run.tokenizer, examples, key,
                        sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
                        repeats=repeats, rewards=self.rewards, engine=self.engine())
@@ -412,7 +425,7 @@ class OnlineTrainer:
         rolls, episodes = [], []
         for start in range(0, len(examples), 64):
             rolls.append(self.sample(examples[start : start + 64], key, repeats=1, evaluation=True))
-            episodes += self.last_episodes
+            episodes += self.last_episodes if self.agents is None else self.agents.last_episodes
         self.last_eval_rollouts = rolls
         if not rolls:
             return {}
@@ -427,7 +440,11 @@ class OnlineTrainer:
         results["eval/mean_length"] = float(np.concatenate([r.completion_mask.sum(-1) for r in rolls]).mean())
         if self.rewards is not None:
             results.update(_reward_counters(self.rewards.functions, prefix="eval/"))
-        if episodes:  # every batch's episodes
+        if episodes and self.agents is not None:  # every batch's agent episodes
+            from rljax.agents import agent_metrics
+
+            results.update(agent_metrics(episodes, version=self.run.step, prefix="eval/agent/"))
+        elif episodes:  # every batch's episodes
             results.update(episode_metrics(episodes, prefix="eval/env/"))
         return results
 
@@ -449,6 +466,8 @@ class OnlineTrainer:
                     f.write(json.dumps(row) + "\n")
 
     def on_end(self, summary: dict) -> None:
+        if self.agents is not None:
+            self.agents.close()
         if self.cfg.train.save_model:
             summary.update(export_run(self.run, self.cfg.train.run_dir))
 

@@ -1,0 +1,208 @@
+"""Agents written only against the ``openai`` package, with function tools, on the embedded SmolLM2.
+
+Question (issue 34 §3, started): an agent that must chain two dependent tool calls (``multiply``,
+then ``add`` on its result) to answer ``a × b + c``, written as an outside user would write it; what
+does the policy do with it before any training, and do its calls join into one trajectory?
+
+    python experiments/agents/openai_calculator.py --measure          # base model, held-out tasks
+    python experiments/agents/openai_calculator.py --smoke            # a tiny random model (seconds)
+    python experiments/agents/openai_calculator.py --train --seed 0   # GRPO with environment: {type: agent}
+
+Two agents (the module's ``run`` and ``run_rewriting``): ``run`` appends every reply and tool result
+to its conversation (its calls join into one sequence); ``run_rewriting`` keeps its own notes and
+sends a fresh two-message conversation each call (its calls are separate transitions sharing the
+reward). Reward: 1.0 when the final reply's ``<answer>N</answer>`` (or last number) is ``a × b + c``.
+
+``--measure`` serves the model with ``rljax.agents.AgentServer`` (greedy) and writes
+experiments/results/agents_openai_calculator.md: success, calls, tool calls parsed / failed, and
+transitions per episode for each agent. ``--train`` trains ``run`` with GRPO (LoRA); its measured
+results, if any, are recorded in that file by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import numpy as np
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "multiply", "description": "Multiply two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]}}},
+]
+SYSTEM = ("Use the tools for every arithmetic step: call multiply first, then add with its result. "
+          "When you have the result, reply <answer>N</answer>.")
+MAX_CALLS = 4
+
+
+def _tool(name: str, arguments: str) -> str:
+    try:
+        args = json.loads(arguments)
+        a, b = int(args["a"]), int(args["b"])
+    except Exception as exc:  # noqa: BLE001 -- the model sees what was wrong
+        return f"error: {type(exc).__name__}: {exc}"
+    if name == "multiply":
+        return str(a * b)
+    if name == "add":
+        return str(a + b)
+    return f"error: no tool {name!r}"
+
+
+def _score(text: str | None, task: dict) -> float:
+    text = text or ""
+    tagged = re.findall(r"<answer>\s*(-?\d+)\s*</answer>", text)
+    numbers = tagged or re.findall(r"-?\d+", text)
+    return float(bool(numbers) and int(numbers[-1]) == int(task["answer"]))
+
+
+def run(task, client):
+    """Appends every reply and tool result: one growing conversation."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["prompt"]}]
+    for _ in range(MAX_CALLS):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        if not reply.tool_calls:
+            return _score(reply.content, task)
+        for call in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": _tool(call.function.name, call.function.arguments)})
+    return 0.0
+
+
+def run_rewriting(task, client):
+    """Keeps its own notes: every call sees the system message and one user message with the task and
+    the results so far (its history is rewritten, so each call is a transition of its own)."""
+    notes: list[str] = []
+    for _ in range(MAX_CALLS):
+        user = task["prompt"] + ("\nResults so far: " + "; ".join(notes) if notes else "")
+        reply = client.chat.completions.create(model="policy", tools=TOOLS, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]).choices[0].message
+        if not reply.tool_calls:
+            return _score(reply.content, task)
+        for call in reply.tool_calls:
+            notes.append(f"{call.function.name}({call.function.arguments}) = {_tool(call.function.name, call.function.arguments)}")
+    return 0.0
+
+
+def tasks(n: int, split: str) -> list[dict]:
+    """``a × b + c`` with two-digit ``a``, ``b`` and three-digit ``c``; the splits use disjoint seeds."""
+    rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+    out = []
+    for _ in range(n):
+        a, b, c = int(rng.integers(11, 100)), int(rng.integers(11, 100)), int(rng.integers(100, 1000))
+        out.append({"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c})
+    return out
+
+
+def measure(model_name: str, n: int, max_new_tokens: int, concurrency: int) -> dict:
+    from rljax.agents import AgentServer, agent_metrics, run_agent_episodes
+    from rljax.inference import Engine
+    from rljax.models import load
+    from rljax.rollout import stop_token_ids
+
+    t0 = time.perf_counter()
+    model, tokenizer = load(model_name)[:2]
+    server = AgentServer(Engine(model, max_slots=max(concurrency, 1), page_size=16), tokenizer,
+                         stop_token_ids=tuple(stop_token_ids(tokenizer, model.config)))
+    results = {}
+    try:
+        for name, agent in (("run (appends)", run), ("run_rewriting (own notes)", run_rewriting)):
+            t1 = time.perf_counter()
+            episodes = run_agent_episodes(agent, tasks(n, "eval"), server=server, concurrency=concurrency,
+                                          temperature=0.0, max_tokens=max_new_tokens, max_transitions=None)
+            m = agent_metrics(episodes)
+            m["success"] = float(np.mean([e.reward == 1.0 for e in episodes]))
+            m["seconds_total"] = time.perf_counter() - t1
+            m["example"] = episodes[0].calls[-1].choices[0].text if episodes and episodes[0].calls else ""
+            results[name] = m
+    finally:
+        server.close()
+    results["_load_and_serve_s"] = time.perf_counter() - t0
+    return results
+
+
+def write_results(results: dict, path: str, *, model_name: str, n: int, max_new_tokens: int) -> None:
+    lines = [f"# Agents on the openai client: `a × b + c` with two tools ({time.strftime('%Y-%m-%d')})", "",
+             f"`python experiments/agents/openai_calculator.py --measure --n {n}`: {model_name}, greedy, "
+             f"max_tokens {max_new_tokens}, {n} held-out tasks, {platform.processor() or platform.machine()} "
+             f"({os.cpu_count()} cores), {results['_load_and_serve_s']:.0f} s in all.", "",
+             "| agent | success | calls / episode | tool calls parsed / episode | failed to parse / episode | "
+             "transitions / episode | tokens / episode |", "|---|---|---|---|---|---|---|"]
+    for name, m in results.items():
+        if name.startswith("_"):
+            continue
+        lines.append(f"| {name} | {m['success']:.2f} | {m['agent/calls_per_episode']:.2f} | "
+                     f"{m['agent/tool_calls_parsed']:.2f} | {m['agent/tool_calls_failed']:.2f} | "
+                     f"{m['agent/transitions_per_episode']:.2f} | {m['agent/tokens_per_episode']:.1f} |")
+    lines += ["", "A last reply of the first episode of each agent:", ""]
+    for name, m in results.items():
+        if not name.startswith("_"):
+            lines.append(f"- {name}: `{m['example'][:300]!r}`")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def train(seed: int, steps: int, run_dir: str) -> None:
+    from rljax.config import from_yaml
+    from rljax.run_config import RunConfig
+    from rljax.training import OnlineTrainer
+
+    data = os.path.join(run_dir, "tasks.jsonl")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(data, "w") as f:
+        for t in tasks(512, "train"):
+            f.write(json.dumps(t) + "\n")
+    here = os.path.abspath(__file__)
+    cfg = from_yaml(RunConfig, f"""
+model: {{name: smollm2-135m-instruct, lora: {{rank: 16, alpha: 32}}}}
+data: {{path: {data}, answer_column: answer, train_size: 448, eval_size: 64}}
+sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: 64}}
+environment: {{type: agent, function: "{here}:run", concurrency: 32, max_tokens: 1024}}
+algorithm: {{name: grpo, group_size: 8, prompts_per_step: 4}}
+optim: {{learning_rate: 1.0e-4}}
+train: {{steps: {steps}, seed: {seed}, run_dir: {run_dir}/seed{seed}, eval_every: {steps}, save_model: false}}
+""")
+    OnlineTrainer(cfg).fit()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--measure", action="store_true")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--train", action="store_true")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--run-dir", default="runs/agents_openai_calculator")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results",
+                                                 "agents_openai_calculator.md"))
+    args = p.parse_args(argv)
+    if args.train:
+        train(args.seed, args.steps, args.run_dir)
+        return
+    if args.smoke:
+        from tests._tiny import make_tiny_model_dir
+        import tempfile
+        args.model = make_tiny_model_dir(os.path.join(tempfile.mkdtemp(), "tiny"))
+        args.n, args.max_tokens, args.out = 4, 8, os.path.join(tempfile.mkdtemp(), "smoke.md")
+    results = measure(args.model, args.n, args.max_tokens, args.concurrency)
+    write_results(results, args.out, model_name=args.model, n=args.n, max_new_tokens=args.max_tokens)
+    print(open(args.out).read())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
