@@ -216,9 +216,18 @@ class TrainSection:
     # boundary (and the save) does not come within this many seconds, the process writes its stacks
     # and exits without one (a hung collective never reaches it). null = wait for the boundary
     stop_timeout_s: Optional[float] = 60.0
+    # asynchronous RL (rljax.training.asynchronous): the batches of steps t+1 .. t+k are generated
+    # while step t updates, each by a policy at most k versions older than the one training on it.
+    # 0 = the synchronous loop (sample, then update, in turn)
+    max_staleness: int = 0
+    # with max_staleness >= 1 and the paged engine: a sequence in flight when new weights arrive goes
+    # on under them (its tokens then carry several policy versions); false = it finishes under the
+    # version that started it. YAML key train.partial_rollouts ("async" is a Python keyword)
+    partial_rollouts: bool = False
 
     def validate(self) -> None:
         check_range(self, "steps", low=1)
+        check_range(self, "max_staleness", low=0, note="(policy versions a sample may lag; 0 = synchronous)")
         check_range(self, "eval_every", low=0, note="(null or 0 = only before and after training)")
         check_range(self, "samples_every", low=0, note="(null or 0 = never)")
         check_range(self, "save_every", low=0, note="(null or 0 = only at the end and on a stop)")
@@ -341,6 +350,16 @@ class RunConfig:
                 raise FieldError("sampling", f"{self.algorithm.name} is an offline algorithm: it never samples, "
                                              "so sampling settings are unused; remove the section")
             return
+        if self.train.partial_rollouts:
+            if self.train.max_staleness < 1:
+                raise FieldError("train.partial_rollouts", "needs train.max_staleness >= 1 (the synchronous loop "
+                                                           "never changes weights while a sequence is in flight)")
+            if self.sampling.engine != "paged":
+                raise FieldError("train.partial_rollouts", "needs sampling.engine: paged (the static sampler "
+                                                           "generates a batch in one call, under one version)")
+            if self.environment.name:
+                raise FieldError("train.partial_rollouts", "is not supported with an environment (multi-turn "
+                                                           "episodes finish under the version that started them)")
         if self.environment.name:
             if self.rewards:
                 raise FieldError("rewards", f"an environment run ({self.environment.name}) is scored by the "
