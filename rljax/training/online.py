@@ -312,8 +312,9 @@ class OnlineTrainer:
         G = self.group_rows
         groups, dropped = [], []
         stats = {"sampling/rounds": 0.0, "sampling/zero_variance_groups": 0.0}
+        iterator = self.iterator if iterator is None else iterator
         for round_ in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
-            examples = [self.train_examples[i] for i in (self.iterator if iterator is None else iterator).next_indices()]
+            examples = [self.train_examples[i] for i in iterator.next_indices()]
             roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=a.group_size, policy=policy,
                                refresh_weights=refresh_weights)
             stats["sampling/rounds"] += 1
