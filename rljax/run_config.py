@@ -249,8 +249,12 @@ class MeshSection:
     # overrides of rljax.sharding.DEFAULT_RULES: logical axis name -> mesh axis, list of mesh axes, or
     # null (replicated), e.g. {vocab: null} keeps the embedding whole on every tensor shard
     rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # disaggregated asynchronous RL (train.max_staleness >= 1): the first N devices generate, the rest
+    # form the training mesh above; weights are resharded to them after each update. null = colocated
+    rollout_devices: Optional[int] = None
 
     def validate(self) -> None:
+        check_range(self, "rollout_devices", low=1, note="(null = generate on the training mesh)")
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
@@ -350,6 +354,9 @@ class RunConfig:
                 raise FieldError("sampling", f"{self.algorithm.name} is an offline algorithm: it never samples, "
                                              "so sampling settings are unused; remove the section")
             return
+        if self.mesh.rollout_devices and self.train.max_staleness < 1:
+            raise FieldError("mesh.rollout_devices", "needs train.max_staleness >= 1 (in the synchronous loop the "
+                                                     "rollout devices would idle while the others update)")
         if self.train.partial_rollouts:
             if self.train.max_staleness < 1:
                 raise FieldError("train.partial_rollouts", "needs train.max_staleness >= 1 (the synchronous loop "

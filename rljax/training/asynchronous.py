@@ -60,12 +60,13 @@ class RolloutProducer:
     batch with ``policy`` (a split ``(graphdef, params, frozen)``); ``refresh`` is None, or (partial
     rollouts) a callable for ``rljax.rollout.rollout``'s ``refresh_weights``. ``set_weights(policy)``
     gives the engine weights (partial rollouts only). ``context()``: entered by the thread around its
-    work (the run's mesh: JAX's mesh context is per thread).
+    work (the mesh it samples on: JAX's mesh context is per thread). ``place(policy)``: the sampler's
+    own copy of a policy (default :func:`sampler_weights` with no mesh: a copy in place).
     """
 
     def __init__(self, produce: Callable, policy: tuple, *, start_step: int, total_steps: int, max_staleness: int,
                  partial_rollouts: bool = False, set_weights: Callable | None = None,
-                 context: Callable = contextlib.nullcontext):
+                 context: Callable = contextlib.nullcontext, place: Callable | None = None):
         if max_staleness < 1:
             raise ValueError(f"the asynchronous loop needs max_staleness >= 1, got {max_staleness}")
         if partial_rollouts and set_weights is None:
@@ -73,6 +74,7 @@ class RolloutProducer:
         self.start_step, self.total_steps, self.max_staleness = start_step, total_steps, max_staleness
         self.partial_rollouts = partial_rollouts
         self._produce, self._set_weights, self._context = produce, set_weights, context
+        self._place = place or sampler_weights
         self._cond = threading.Condition()
         self._versions: dict[int, tuple] = {}
         self._latest = -1
@@ -91,11 +93,11 @@ class RolloutProducer:
 
     # ------------------------------------------------------------------ trainer side
     def publish(self, version: int, policy: tuple) -> float:
-        """Hand the producer a copy of ``policy``'s weights as ``version``; returns the seconds the copy
-        took (``time/weight_sync_s``). The trainer's arrays may be donated once this returns."""
+        """Hand the producer a copy of ``policy``'s weights as ``version`` (``place``); returns the seconds
+        the copy took (``time/weight_sync_s``). The trainer's arrays may be donated once this returns."""
         t0 = time.perf_counter()
-        graphdef, params, *rest = policy
-        copied = (graphdef, jax.block_until_ready(_copy(params)), *rest)
+        copied = self._place(policy)
+        jax.block_until_ready(copied[1])
         seconds = time.perf_counter() - t0
         with self._cond:
             self._versions[version] = copied
@@ -191,8 +193,19 @@ class RolloutProducer:
         return refresh
 
 
-def _copy(tree):
-    return jax.tree.map(jnp.copy, tree)
+def sampler_weights(policy: tuple, mesh=None, rules=None, frozen=None) -> tuple:
+    """The sampler's copy of a split ``policy`` ``(graphdef, params, frozen)``: colocated (``mesh``
+    None) the parameters copied where they are; disaggregated, resharded onto ``mesh`` (the rollout
+    devices) by the logical-axis ``rules``, with ``frozen`` the frozen state already placed there (None:
+    placed now). The copy never aliases the trainer's buffers, which the update donates."""
+    graphdef, params, rest = policy
+    if mesh is None:
+        return graphdef, jax.tree.map(jnp.copy, params), rest
+    from rljax.sharding import param_shardings
+
+    if frozen is None:
+        frozen = jax.device_put(rest, param_shardings(rest, mesh, rules))
+    return graphdef, jax.device_put(params, param_shardings(params, mesh, rules)), frozen
 
 
 @functools.partial(jax.jit, static_argnames=())

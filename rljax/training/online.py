@@ -19,6 +19,7 @@ tokens only), through the same batch, advantages and updates.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -54,9 +55,9 @@ from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
 from rljax.rollout import Rollout, concat_rollouts, packing_group, policy_states, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sharding import keep_shardings, shardings_of
+from rljax.sharding import keep_shardings, replicated, shardings_of, use_mesh
 from rljax.training import loop
-from rljax.training.asynchronous import RolloutProducer, staleness_metrics
+from rljax.training.asynchronous import RolloutProducer, sampler_weights, staleness_metrics
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
 from rljax.training.run import build_run
@@ -248,6 +249,7 @@ class OnlineTrainer:
             # the engine has one owner at a time: the asynchronous loop's producer thread or an evaluation
             self._sampler_lock = threading.RLock()
             self._producer: RolloutProducer | None = None  # train.max_staleness >= 1, started at the first step
+            self._rollout_frozen = None  # disaggregated: the frozen state on the rollout devices, placed once
             self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
             self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
             if write_config:
@@ -270,8 +272,10 @@ class OnlineTrainer:
         rows example-major. With an environment: ``repeats`` episodes per example
         (``rljax.environments.episodes``; evaluation always scores whole trajectories), their metrics in
         ``last_episode_metrics``. ``refresh_weights``: as ``rljax.rollout.rollout``'s (partial rollouts)."""
-        policy = self.run.policy.split if policy is None else policy
-        with self._sampler_lock:
+        policy = self._sampling_policy() if policy is None else policy
+        if self.run.rollout_mesh is not None:  # the key too lives where the sampler runs
+            key = jax.device_put(key, replicated(self.run.rollout_mesh))
+        with self._sampler_lock, self._sampling_mesh(thread_default=contextlib.nullcontext()):
             if self.make_env is not None:
                 return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation, policy=policy)
             return rollout(policy, self.run.tokenizer, examples, key,
@@ -283,7 +287,7 @@ class OnlineTrainer:
         """The run's rollout engine (``sampling.engine: paged``, one process), built on first use; it
         is given the current weights at each rollout. None: the static sampler."""
         if self._engine is None:
-            self._engine = engine_for(self.run.policy.split, self.cfg.sampling) or False
+            self._engine = engine_for(self._sampling_policy(), self.cfg.sampling) or False
         return self._engine or None
 
     def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool, policy) -> Rollout:
@@ -400,7 +404,7 @@ class OnlineTrainer:
                 self._produce, self.run.policy.split, start_step=self.run.step, total_steps=self.total_steps,
                 max_staleness=train.max_staleness, partial_rollouts=train.partial_rollouts,
                 set_weights=self._engine_weights if train.partial_rollouts else None,
-                context=lambda: loop.mesh_of(self.run))
+                context=self._sampling_mesh, place=self._sampler_copy)
             self._producer_iterator.load_state_dict(self.iterator.state_dict())
         item, metrics = self._producer.take(self.run.step)
         self.iterator.load_state_dict(item.position)
@@ -426,6 +430,28 @@ class OnlineTrainer:
                 stats.update(_reward_counters(self.rewards.functions))
             stats["_episode_metrics"] = dict(self.last_episode_metrics)
         return roll, stats, self._producer_iterator.state_dict()
+
+    def _sampling_policy(self) -> tuple:
+        """The current policy where the sampler runs: the trainer's own split, or (disaggregated,
+        ``mesh.rollout_devices``) a copy resharded onto the rollout devices."""
+        if self.run.rollout_mesh is None:
+            return self.run.policy.split
+        return self._sampler_copy(self.run.policy.split)
+
+    def _sampler_copy(self, policy) -> tuple:
+        """``rljax.training.asynchronous.sampler_weights`` on this run's rollout mesh (None: colocated)."""
+        if self.run.rollout_mesh is None:
+            return sampler_weights(policy)
+        if self._rollout_frozen is None:
+            self._rollout_frozen = sampler_weights(policy, self.run.rollout_mesh, self.run.rules)[2]
+        return sampler_weights(policy, self.run.rollout_mesh, self.run.rules, frozen=self._rollout_frozen)
+
+    def _sampling_mesh(self, thread_default=None):
+        """The mesh the sampler's batches go to: the rollout devices' (disaggregated), else
+        ``thread_default`` (default the run's mesh: the producer thread has no mesh of its own)."""
+        if self.run.rollout_mesh is None:
+            return loop.mesh_of(self.run) if thread_default is None else thread_default
+        return use_mesh(self.run.rollout_mesh, self.run.rules)
 
     def _engine_weights(self, policy) -> None:
         self.engine().set_weights(policy_states(policy))
