@@ -1,15 +1,17 @@
-"""train.max_staleness and train.partial_rollouts: defaults and refusals at load time, before step 0
-(the asynchronous loop itself runs in tests/integration/test_async.py)."""
+"""train.max_staleness, train.partial_rollouts and mesh.rollout_devices: defaults and refusals at load
+time, before step 0 (the asynchronous loop itself runs in tests/integration/test_async.py; the device
+count checks of mesh.rollout_devices in tests/system/test_async_disaggregated.py)."""
 
 import pytest
 
 from rljax.config import ConfigError, load_config
-from rljax.run_config import RunConfig, TrainSection
+from rljax.run_config import MeshSection, RunConfig, TrainSection
 
 
 def test_defaults_are_the_synchronous_loop():
     train = TrainSection()
     assert train.max_staleness == 0 and train.partial_rollouts is False
+    assert MeshSection().rollout_devices is None  # colocated
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -20,6 +22,8 @@ def test_defaults_are_the_synchronous_loop():
      r"^train.partial_rollouts: needs sampling.engine: paged"),
     (["train.partial_rollouts=true", "train.max_staleness=1", "environment.name=calculator", "rewards={}"],
      r"^train.partial_rollouts: is not supported with an environment"),
+    (["mesh.rollout_devices=0", "train.max_staleness=1"], r"^mesh.rollout_devices: must be >= 1"),
+    (["mesh.rollout_devices=2"], r"^mesh.rollout_devices: needs train.max_staleness >= 1"),
 ])
 def test_bad_settings_are_refused_naming_the_key(overrides, message, tmp_path):
     config = tmp_path / "run.yaml"
