@@ -399,13 +399,13 @@ class OnlineTrainer:
         after its prompts (what a checkpoint of this step saves) and the loop's metrics."""
         if self._producer is None:
             self.engine()  # built here, from the trainer's weights, before the thread can race the update
+            self._producer_iterator.load_state_dict(self.iterator.state_dict())  # before the thread reads it
             train = self.cfg.train
             self._producer = RolloutProducer(
                 self._produce, self.run.policy.split, start_step=self.run.step, total_steps=self.total_steps,
                 max_staleness=train.max_staleness, partial_rollouts=train.partial_rollouts,
                 set_weights=self._engine_weights if train.partial_rollouts else None,
                 context=self._sampling_mesh, place=self._sampler_copy)
-            self._producer_iterator.load_state_dict(self.iterator.state_dict())
         item, metrics = self._producer.take(self.run.step)
         self.iterator.load_state_dict(item.position)
         self.last_episode_metrics = item.stats.pop("_episode_metrics")
