@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from typing import Any, Callable
@@ -208,7 +207,7 @@ def sampler_weights(policy: tuple, mesh=None, rules=None, frozen=None) -> tuple:
     return graphdef, jax.device_put(params, param_shardings(params, mesh, rules)), frozen
 
 
-@functools.partial(jax.jit, static_argnames=())
+@jax.jit
 def _staleness(versions, loss_mask, step):
     counted = loss_mask > 0
     lag = jnp.where(counted, step - versions, 0).astype(jnp.float32)

@@ -150,6 +150,9 @@ def test_a_resume_samples_the_dropped_batches_again_under_the_resumed_policy(tin
     # step 2's batch was sampled ahead (by version 1) and dropped with the first process; the resumed
     # run samples it again with version 2, the policy it resumed with
     assert [m["async/staleness_max"] for m in steps] == [0, 1, 0, 1]
+    # from the data position of the last trained step: each step one batch of prompts further
+    epochs = [m["epoch"] for m in steps]
+    np.testing.assert_allclose(epochs, epochs[0] * np.arange(1, 5), rtol=1e-12)
 
 
 def test_generate_batch_versions_records_a_weight_switch_mid_sequence():
