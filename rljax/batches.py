@@ -53,6 +53,8 @@ class RolloutBatch:
     old_values                  ``[R, N]`` value estimates before the update (PPO), else None
     advantages                  ``[R, N]`` (filled by the algorithm's ``advantages``)
     returns                     ``[R, N]`` value targets (PPO), else None
+    versions                    ``[R, N]`` int32, the policy version (optimizer steps taken) that sampled
+                                each token, in the asynchronous loop (``train.max_staleness >= 1``); else None
     prompt_group                static: K > 1 when every run of K consecutive rows shares its prompt
                                 (ids and mask), so the passes may run each prompt once
                                 (``rljax.logprobs.completion_states``); 1 claims nothing
@@ -72,6 +74,7 @@ class RolloutBatch:
     advantages: Array | None = None
     returns: Array | None = None
     sampling_logprobs: Array | None = None
+    versions: Array | None = None
     prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     @property

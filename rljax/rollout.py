@@ -23,7 +23,7 @@ completion mask then marks the policy's tokens only, which is what the losses tr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -32,7 +32,7 @@ from flax import nnx
 from rljax.data.batching import pad_token_id
 from rljax.data.prompts import PromptFormat, encode_prompts
 from rljax.distributed import gather_rows, local_rows, place_batch, to_host
-from rljax.inference.batch import generate_batch
+from rljax.inference.batch import generate_batch, generate_batch_versions
 from rljax.rewards.base import RewardOutput, RewardSet, reward_metrics
 from rljax.sampling import SamplingConfig, generate
 from rljax.sharding import batch_shards
@@ -98,6 +98,9 @@ class Rollout:
     # completion (single turn); a multi-turn trajectory (rljax.environments.episodes) also holds the
     # environment's tokens, which completion_mask keeps as context.
     policy_mask: np.ndarray | None = None
+    # [R, N] int32, the policy version that sampled each token (the asynchronous loop,
+    # rljax.training.asynchronous); None = not recorded (every token the current policy's)
+    versions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -118,6 +121,7 @@ class Rollout:
             reward_metrics=_recompute_metrics(self.scores, self.row_mask, self.per_function, idx),
             num_dropped=self.num_dropped,
             policy_mask=None if self.policy_mask is None else self.policy_mask[idx],
+            versions=None if self.versions is None else self.versions[idx],
         )
 
 
@@ -137,7 +141,7 @@ def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
     prompts are re-padded on the left to the widest, completions on the right, with ``pad_id``
     (mask 0, log-prob 0; the ids there are never read). ``reward_metrics`` are recomputed from the
     rows (see :class:`Rollout`); ``num_dropped`` is the sum. All parts must have rewards (with the
-    same reward names) or none.
+    same reward names) or none. ``versions`` are kept where every part has them, else None.
     """
     if not rollouts:
         raise ValueError("concat_rollouts needs at least one Rollout")
@@ -174,6 +178,7 @@ def concat_rollouts(rollouts: Sequence[Rollout], *, pad_id: int = 0) -> Rollout:
         num_dropped=sum(r.num_dropped for r in rollouts),
         policy_mask=None if all(r.policy_mask is None for r in rollouts)
         else cat(lambda r: r.completion_mask if r.policy_mask is None else r.policy_mask, N),
+        versions=None if any(r.versions is None for r in rollouts) else cat(lambda r: r.versions, N),
     )
 
 
@@ -216,7 +221,8 @@ def packing_group(rows: int, group_size: int, micro_batches: int = 1) -> int:
 
 def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax.Array, *,
             sampling: SamplingConfig, fmt: PromptFormat, repeats: int = 1,
-            rewards: RewardSet | None = None, engine=None) -> Rollout:
+            rewards: RewardSet | None = None, engine=None,
+            refresh_weights: Callable[[], int] | None = None) -> Rollout:
     """Sample ``repeats`` completions of each prompt with ``policy`` and score them.
 
     ``policy``: an nnx ``Transformer`` or its split ``(graphdef, state, ...)`` (as
@@ -225,7 +231,10 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     Prompts dropped by ``fmt.too_long="filter"`` have no rows (counted in ``num_dropped``). The
     same ``key`` gives the same tokens; ``key`` is passed to the sampler as it is.
     ``engine``: a :class:`rljax.inference.Engine` to sample with (it is given ``policy``'s weights);
-    ``None``: the static sampler (``rljax.sampling.generate``).
+    ``None``: the static sampler (``rljax.sampling.generate``). ``refresh_weights`` (engine only):
+    called before each engine step, it may give the engine newer weights and returns the policy
+    version that step samples with; ``versions`` then holds each token's
+    (``rljax.inference.batch.generate_batch_versions``).
     Each row's example gets ``"completion_length"`` (tokens, the stop token included) for
     length-aware rewards and ``"completion_ids"`` (those tokens, a list of ints) for TRL-style rewards. Without ``rewards``: ``scores`` and ``row_mask`` are None.
     """
@@ -237,12 +246,19 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     prompt_ids = np.repeat(tok.input_ids, repeats, axis=0)  # [R, P], example-major
     prompt_mask = np.repeat(tok.attention_mask, repeats, axis=0)
     R, N = len(prompt_ids), sampling.max_new_tokens
+    if refresh_weights is not None and engine is None:
+        raise ValueError("refresh_weights needs an engine: the static sampler generates under one set of weights")
+    versions = None
     if R:
         # rows split over the active mesh's batch axes (none: the default device); the outputs
         # come back whole to this host (all-gathered when several processes share the batch)
         if engine is not None:
             engine.set_weights(policy_states(policy))
-            out = generate_batch(engine, prompt_ids, prompt_mask, key, sampling)
+            if refresh_weights is None:
+                out = generate_batch(engine, prompt_ids, prompt_mask, key, sampling)
+            else:
+                out, versions = generate_batch_versions(engine, prompt_ids, prompt_mask, key, sampling,
+                                                        refresh_weights)
             mine = slice(0, R)
         else:
             ids, ids_mask = place_batch((prompt_ids, prompt_mask))
@@ -281,4 +297,4 @@ def rollout(policy, tokenizer: Any, prompts_or_examples: Sequence[Any], key: jax
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=tokens, completion_mask=mask,
                    logprobs=logprobs, finished=finished, texts=texts, examples=row_examples, scores=scores,
                    row_mask=row_mask, per_function=per_function, reward_metrics=metrics,
-                   num_dropped=int(tok.dropped))
+                   num_dropped=int(tok.dropped), versions=versions)

@@ -216,9 +216,18 @@ class TrainSection:
     # boundary (and the save) does not come within this many seconds, the process writes its stacks
     # and exits without one (a hung collective never reaches it). null = wait for the boundary
     stop_timeout_s: Optional[float] = 60.0
+    # asynchronous RL (rljax.training.asynchronous): the batches of steps t+1 .. t+k are generated
+    # while step t updates, each by a policy at most k versions older than the one training on it.
+    # 0 = the synchronous loop (sample, then update, in turn)
+    max_staleness: int = 0
+    # with max_staleness >= 1 and the paged engine: a sequence in flight when new weights arrive goes
+    # on under them (its tokens then carry several policy versions); false = it finishes under the
+    # version that started it. YAML key train.partial_rollouts ("async" is a Python keyword)
+    partial_rollouts: bool = False
 
     def validate(self) -> None:
         check_range(self, "steps", low=1)
+        check_range(self, "max_staleness", low=0, note="(policy versions a sample may lag; 0 = synchronous)")
         check_range(self, "eval_every", low=0, note="(null or 0 = only before and after training)")
         check_range(self, "samples_every", low=0, note="(null or 0 = never)")
         check_range(self, "save_every", low=0, note="(null or 0 = only at the end and on a stop)")
@@ -240,8 +249,12 @@ class MeshSection:
     # overrides of rljax.sharding.DEFAULT_RULES: logical axis name -> mesh axis, list of mesh axes, or
     # null (replicated), e.g. {vocab: null} keeps the embedding whole on every tensor shard
     rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # disaggregated asynchronous RL (train.max_staleness >= 1): the first N devices generate, the rest
+    # form the training mesh above; weights are resharded to them after each update. null = colocated
+    rollout_devices: Optional[int] = None
 
     def validate(self) -> None:
+        check_range(self, "rollout_devices", low=1, note="(null = generate on the training mesh)")
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
@@ -376,6 +389,22 @@ class RunConfig:
                 raise FieldError("sampling", f"{self.algorithm.name} is an offline algorithm: it never samples, "
                                              "so sampling settings are unused; remove the section")
             return
+        if self.mesh.rollout_devices and self.train.max_staleness < 1:
+            raise FieldError("mesh.rollout_devices", "needs train.max_staleness >= 1 (in the synchronous loop the "
+                                                     "rollout devices would idle while the others update)")
+        if self.train.partial_rollouts:
+            if self.train.max_staleness < 1:
+                raise FieldError("train.partial_rollouts", "needs train.max_staleness >= 1 (the synchronous loop "
+                                                           "never changes weights while a sequence is in flight)")
+            if self.sampling.engine != "paged":
+                raise FieldError("train.partial_rollouts", "needs sampling.engine: paged (the static sampler "
+                                                           "generates a batch in one call, under one version)")
+            if self.environment.name or self.environment.is_agent:
+                raise FieldError("train.partial_rollouts", "is not supported with an environment (multi-turn "
+                                                           "episodes finish under the version that started them)")
+        if self.environment.is_agent and self.train.max_staleness:
+            raise FieldError("train.max_staleness", "is not supported with environment type agent yet (the "
+                                                    "agents' server serves the trainer's current weights)")
         if self.environment.is_agent:
             return  # scored by the agent's return value; rewards (a judge) only where it returns None
         if self.environment.name:

@@ -155,6 +155,12 @@ class Engine:
         if hasattr(self, "pool"):
             self.pool.cache.clear()
 
+    def clear_prefix_cache(self) -> None:
+        """Forget the cached prompt pages: what follows runs as on a fresh engine with these weights
+        (the asynchronous loop calls it before each batch, so a batch's tokens do not depend on which
+        batches, or evaluations, the engine served before it)."""
+        self.pool.cache.clear()
+
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> int:
         """Queue ``request`` and return its id; a bad request raises :class:`UserError` naming the field."""

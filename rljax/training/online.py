@@ -19,11 +19,13 @@ tokens only), through the same batch, advantages and updates.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -51,10 +53,11 @@ from rljax.metrics_trl import trl_metrics
 from rljax.rewards.base import build_rewards
 from rljax.rewards.bounded import bound_hit_metrics
 from rljax.rewards.judge import judge_metrics
-from rljax.rollout import Rollout, concat_rollouts, packing_group, rollout, sampling_config
+from rljax.rollout import Rollout, concat_rollouts, packing_group, policy_states, rollout, sampling_config
 from rljax.run_config import RunConfig
-from rljax.sharding import keep_shardings, shardings_of
+from rljax.sharding import keep_shardings, replicated, shardings_of, use_mesh
 from rljax.training import loop
+from rljax.training.asynchronous import RolloutProducer, sampler_weights, staleness_metrics
 from rljax.training.data import online_examples
 from rljax.training.export import export_run
 from rljax.training.run import build_run
@@ -177,7 +180,8 @@ def rollout_batch(roll: Rollout, *, mask_truncated: bool, group_size: int = 1, m
         prompt_ids=roll.prompt_ids, prompt_mask=roll.prompt_mask, completion_ids=roll.completion_ids,
         completion_mask=roll.completion_mask, loss_mask=loss_mask, old_logprobs=roll.logprobs,
         scores=np.asarray(roll.scores, np.float32), row_mask=row_mask, finished=np.asarray(roll.finished, bool),
-        prompt_group=shared_prompt_group(roll.prompt_ids, roll.prompt_mask, group_size, micro_batches=micro_batches)))
+        prompt_group=shared_prompt_group(roll.prompt_ids, roll.prompt_mask, group_size, micro_batches=micro_batches),
+        versions=roll.versions))
 
 
 def shared_prompt_group(prompt_ids: np.ndarray, prompt_mask: np.ndarray, group_size: int, *,
@@ -251,6 +255,10 @@ class OnlineTrainer:
                 self.agents = AgentSampler(env, tokenizer=tokenizer, sampling=self.sampling,
                                            eval_sampling=self.eval_sampling, engine_settings=cfg.sampling,
                                            rewards=self.rewards)
+            # the engine has one owner at a time: the asynchronous loop's producer thread or an evaluation
+            self._sampler_lock = threading.RLock()
+            self._producer: RolloutProducer | None = None  # train.max_staleness >= 1, started at the first step
+            self._rollout_frozen = None  # disaggregated: the frozen state on the rollout devices, placed once
             self.last_rollouts: Rollout | None = None  # the latest step's rollouts (texts, examples, rewards)
             self.last_eval_rollouts: list[Rollout] = []  # the latest evaluation's, one per batch of 64 prompts
             if write_config:
@@ -261,33 +269,43 @@ class OnlineTrainer:
         return self.run.step
 
     def fit(self) -> dict:
-        return loop.fit(self)
+        try:
+            return loop.fit(self)
+        finally:
+            self.close_producer()
 
     # ------------------------------------------------------------------ rollouts
-    def sample(self, examples: list[dict], key, *, repeats: int, evaluation: bool = False) -> Rollout:
-        """``repeats`` completions per example with the current policy, scored; rows example-major.
-        With an environment: ``repeats`` episodes per example (``rljax.environments.episodes``; evaluation
-        always scores whole trajectories), their metrics in ``last_episode_metrics``."""
-        if self.make_env is not None:
-            return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation)
-        if self.agents is not None:  # agent code's calls, served by the policy at this step's weights
-            roll, self.last_episode_metrics = self.agents.sample(self.run.policy.split, examples, key, repeats=repeats,
-                                                                 version=self.run.step, evaluation=evaluation)
-            return roll
-        return rollout(self.run.policy.split, self.run.tokenizer, examples, key,
-                       sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
-                       repeats=repeats, rewards=self.rewards, engine=self.engine())
+    def sample(self, examples: list[dict], key, *, repeats: int, evaluation: bool = False, policy=None,
+               refresh_weights=None) -> Rollout:
+        """``repeats`` completions per example with the current policy (or ``policy``, a split), scored;
+        rows example-major. With an environment: ``repeats`` episodes per example
+        (``rljax.environments.episodes``; evaluation always scores whole trajectories), their metrics in
+        ``last_episode_metrics``. ``refresh_weights``: as ``rljax.rollout.rollout``'s (partial rollouts)."""
+        policy = self._sampling_policy() if policy is None else policy
+        if self.run.rollout_mesh is not None:  # the key too lives where the sampler runs
+            key = jax.device_put(key, replicated(self.run.rollout_mesh))
+        with self._sampler_lock, self._sampling_mesh(thread_default=contextlib.nullcontext()):
+            if self.make_env is not None:
+                return self._sample_episodes(examples, key, repeats=repeats, evaluation=evaluation, policy=policy)
+            if self.agents is not None:  # agent code's calls, served by the policy at this step's weights
+                roll, self.last_episode_metrics = self.agents.sample(policy, examples, key, repeats=repeats,
+                                                                     version=self.run.step, evaluation=evaluation)
+                return roll
+            return rollout(policy, self.run.tokenizer, examples, key,
+                           sampling=self.eval_sampling if evaluation else self.sampling, fmt=self.prompt_format,
+                           repeats=repeats, rewards=self.rewards, engine=self.engine(),
+                           refresh_weights=refresh_weights)
 
     def engine(self) -> Engine | None:
         """The run's rollout engine (``sampling.engine: paged``, one process), built on first use; it
         is given the current weights at each rollout. None: the static sampler."""
         if self._engine is None:
-            self._engine = engine_for(self.run.policy.split, self.cfg.sampling) or False
+            self._engine = engine_for(self._sampling_policy(), self.cfg.sampling) or False
         return self._engine or None
 
-    def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool) -> Rollout:
+    def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool, policy) -> Rollout:
         env, sampling = self.cfg.environment, self.eval_sampling if evaluation else self.sampling
-        episodes = run_episodes(turn_sampler(self.run.policy.split, sampling, key, engine=self.engine()),
+        episodes = run_episodes(turn_sampler(policy, sampling, key, engine=self.engine()),
                                 self.run.tokenizer, self.make_env,
                                 examples, repeats=repeats, max_turns=env.max_turns, max_tokens=env.max_tokens,
                                 max_new_tokens=sampling.max_new_tokens, pad_id=sampling.pad_token_id,
@@ -298,8 +316,10 @@ class OnlineTrainer:
                                 credit="trajectory" if evaluation else env.credit, max_turns=env.max_turns,
                                 turn_reward=env.turn_reward, gamma=env.gamma)
 
-    def rollouts(self, key) -> tuple[Rollout, dict[str, float]]:
-        """One step's rollouts: G completions for each of ``prompts_per_step`` prompts.
+    def rollouts(self, key, *, iterator: PromptIterator | None = None, policy=None,
+                 refresh_weights=None) -> tuple[Rollout, dict[str, float]]:
+        """One step's rollouts: G completions for each of ``prompts_per_step`` prompts, from ``iterator``
+        (default the trainer's) with ``policy`` (default the current one; ``sample``'s other arguments).
 
         With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and more
         prompts are sampled (up to ``max_sampling_rounds`` rounds); if the batch is still not full,
@@ -309,9 +329,11 @@ class OnlineTrainer:
         G = self.group_rows
         groups, dropped = [], []
         stats = {"sampling/rounds": 0.0, "sampling/zero_variance_groups": 0.0}
+        iterator = self.iterator if iterator is None else iterator
         for round_ in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
-            examples = [self.train_examples[i] for i in self.iterator.next_indices()]
-            roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=a.group_size)
+            examples = [self.train_examples[i] for i in iterator.next_indices()]
+            roll = self.sample(examples, jax.random.fold_in(key, round_), repeats=a.group_size, policy=policy,
+                               refresh_weights=refresh_weights)
             stats["sampling/rounds"] += 1
             flat = [_all_equal(roll.scores[g * G:(g + 1) * G][roll.row_mask[g * G:(g + 1) * G]])
                     for g in range(len(roll) // G)]
@@ -331,10 +353,15 @@ class OnlineTrainer:
         (leaving the state as before the refused update) if an update was not finite."""
         cfg, a, run = self.cfg, self.cfg.algorithm, self.run
         t0 = time.perf_counter()
-        roll, metrics = self.rollouts(rng.step_key(self.sample_stream, run.step))
+        if cfg.train.max_staleness == 0:
+            roll, metrics = self.rollouts(rng.step_key(self.sample_stream, run.step))
+        else:  # sampled ahead by the producer thread (rljax.training.asynchronous)
+            roll, metrics = self._produced_rollouts()
         t_sample = time.perf_counter() - t0
         batch = rollout_batch(roll, mask_truncated=a.mask_truncated, group_size=self.group_rows,
                               micro_batches=a.num_micro)
+        if batch.versions is not None:
+            metrics.update(staleness_metrics(batch.versions, batch.loss_mask, run.step))
         temperature = cfg.sampling.temperature
         t1 = time.perf_counter()
         if a.off_policy_correction != "none":
@@ -360,7 +387,7 @@ class OnlineTrainer:
             # the KL is in the reward (PPO, RLOO, REINFORCE++): log the estimate the reward used
             metrics["kl/mean"] = reward_kl(batch, estimator=estimator)
         metrics.update(roll.reward_metrics)
-        if self.rewards is not None:  # every sample scored this step, dropped groups too
+        if self.rewards is not None and self._producer is None:  # every sample scored this step, dropped groups too
             metrics.update(_reward_counters(self.rewards.functions))
         metrics.update(self.last_episode_metrics)
         metrics.update({
@@ -374,8 +401,80 @@ class OnlineTrainer:
             metrics.update({f"algorithm/{k}": v for k, v in self.algorithm_state.items()})
         self.last_rollouts = roll
         run.step += 1
+        if self._producer is not None:  # the new weights, for the batches still to be sampled
+            metrics["time/weight_sync_s"] = self._producer.publish(run.step, run.policy.split)
         metrics.update(self._trl_metrics(roll, metrics))
         return metrics
+
+    # ------------------------------------------------------------------ the asynchronous loop
+    def _produced_rollouts(self) -> tuple[Rollout, dict[str, float]]:
+        """This step's batch from the producer thread (started on first use), with the data position
+        after its prompts (what a checkpoint of this step saves) and the loop's metrics."""
+        if self._producer is None:
+            self.engine()  # built here, from the trainer's weights, before the thread can race the update
+            self._producer_iterator.load_state_dict(self.iterator.state_dict())  # before the thread reads it
+            train = self.cfg.train
+            self._producer = RolloutProducer(
+                self._produce, self.run.policy.split, start_step=self.run.step, total_steps=self.total_steps,
+                max_staleness=train.max_staleness, partial_rollouts=train.partial_rollouts,
+                set_weights=self._engine_weights if train.partial_rollouts else None,
+                context=self._sampling_mesh, place=self._sampler_copy)
+        item, metrics = self._producer.take(self.run.step)
+        self.iterator.load_state_dict(item.position)
+        self.last_episode_metrics = item.stats.pop("_episode_metrics")
+        return item.rollout, {**item.stats, **metrics}
+
+    @functools.cached_property
+    def _producer_iterator(self) -> PromptIterator:
+        """The producer's own data iterator: it runs ahead of the trainer's by the batches in flight."""
+        a = self.cfg.algorithm
+        return PromptIterator(self.train_examples, a.prompts_per_step, seed=self.cfg.train.seed)
+
+    def _produce(self, step: int, policy, refresh_weights) -> tuple[Rollout, dict, dict]:
+        """Step ``step``'s rollouts with ``policy`` (in the producer thread): the rollout, its stats (the
+        reward counters and episode metrics of exactly its samples) and the data position after it."""
+        with self._sampler_lock:
+            engine = self.engine()
+            if engine is not None:  # a batch's tokens never depend on what the engine served before
+                engine.clear_prefix_cache()
+            roll, stats = self.rollouts(rng.step_key(self.sample_stream, step), iterator=self._producer_iterator,
+                                        policy=policy, refresh_weights=refresh_weights)
+            if self.rewards is not None:
+                stats.update(_reward_counters(self.rewards.functions))
+            stats["_episode_metrics"] = dict(self.last_episode_metrics)
+        return roll, stats, self._producer_iterator.state_dict()
+
+    def _sampling_policy(self) -> tuple:
+        """The current policy where the sampler runs: the trainer's own split, or (disaggregated,
+        ``mesh.rollout_devices``) a copy resharded onto the rollout devices."""
+        if self.run.rollout_mesh is None:
+            return self.run.policy.split
+        return self._sampler_copy(self.run.policy.split)
+
+    def _sampler_copy(self, policy) -> tuple:
+        """``rljax.training.asynchronous.sampler_weights`` on this run's rollout mesh (None: colocated)."""
+        if self.run.rollout_mesh is None:
+            return sampler_weights(policy)
+        if self._rollout_frozen is None:
+            self._rollout_frozen = sampler_weights(policy, self.run.rollout_mesh, self.run.rules)[2]
+        return sampler_weights(policy, self.run.rollout_mesh, self.run.rules, frozen=self._rollout_frozen)
+
+    def _sampling_mesh(self, thread_default=None):
+        """The mesh the sampler's batches go to: the rollout devices' (disaggregated), else
+        ``thread_default`` (default the run's mesh: the producer thread has no mesh of its own)."""
+        if self.run.rollout_mesh is None:
+            return loop.mesh_of(self.run) if thread_default is None else thread_default
+        return use_mesh(self.run.rollout_mesh, self.run.rules)
+
+    def _engine_weights(self, policy) -> None:
+        self.engine().set_weights(policy_states(policy))
+
+    def close_producer(self) -> None:
+        """Stop the asynchronous loop's producer thread (batches it sampled ahead are dropped: a resumed
+        run samples them again, from the data position of the last trained step)."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
 
     def _trl_metrics(self, roll: Rollout, metrics: dict[str, float]) -> dict[str, float]:
         """TRL ``GRPOTrainer``'s metrics of the step just taken (``rljax.metrics_trl``)."""
@@ -420,6 +519,10 @@ class OnlineTrainer:
         is the mean over every sample of the weighted total in which a missing value counts 0
         (``nansum``), so ``eval/reward = Σ_k w_k · (1 − eval/<name>/missing) · eval/<name>``.
         """
+        with self._sampler_lock:  # the producer thread waits while the evaluation uses the engine
+            return self._evaluate(examples)
+
+    def _evaluate(self, examples: list[dict] | None) -> dict[str, float]:
         examples = self.eval_examples if examples is None else examples
         key = rng.stream(self.cfg.train.seed, "eval")
         rolls, episodes = [], []

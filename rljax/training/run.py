@@ -94,6 +94,7 @@ class Run:
     lock: RunDirLock | None = None  # the run directory's lock; None for a read-only run (eval)
     mesh: Any = None  # the device mesh every array of the run lives on (cfg.mesh)
     rules: Any = None  # its logical-axis rules (cfg.mesh.rule_table())
+    rollout_mesh: Any = None  # disaggregated (mesh.rollout_devices): the devices that generate; None = mesh
 
     def reference(self):
         """The reference policy's parameters, shaped like ``policy.params``: the kept copy, or for
@@ -285,12 +286,26 @@ def build_state(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_re
 
 
 def run_mesh(cfg: RunConfig):
-    """The run's device mesh from ``cfg.mesh`` over every device of the runtime (all processes);
-    a size that does not fit the device count is a ``ConfigError`` naming ``mesh``."""
+    """The run's device mesh from ``cfg.mesh`` over every device of the runtime (all processes), less
+    the first ``mesh.rollout_devices`` (:func:`rollout_mesh`); a size that does not fit the device
+    count is a ``ConfigError`` naming ``mesh`` (``mesh.rollout_devices`` when those devices are set aside)."""
     m = cfg.mesh
+    devices, n = jax.devices(), m.rollout_devices
+    if n:
+        if jax.process_count() > 1:
+            raise ConfigError("mesh.rollout_devices", "disaggregated generation runs in one process; this run has "
+                                                      f"{jax.process_count()} processes (set it to null)")
+        if n >= len(devices):
+            raise ConfigError("mesh.rollout_devices", f"{n} rollout device(s) leave no training device: jax sees "
+                                                      f"{len(devices)} device(s)")
     try:
-        mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices[n or 0:])
     except ValueError as err:
+        if n:
+            raise ConfigError("mesh.rollout_devices", f"{n} rollout device(s) leave {len(devices) - n} of "
+                                                      f"{len(devices)} for training, which the training mesh "
+                                                      f"(data={m.data}, fsdp={m.fsdp}, tensor={m.tensor}) does "
+                                                      f"not divide: {err}") from None
         raise ConfigError("mesh", f"{err} (jax sees {jax.device_count()} device(s): "
                                   f"{jax.devices()[0].platform})") from None
     if mesh.size > 1 and jax.process_index() == 0:
@@ -299,6 +314,13 @@ def run_mesh(cfg: RunConfig):
               f"{f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''}", file=sys.stderr,
               flush=True)
     return mesh
+
+
+def rollout_mesh(cfg: RunConfig):
+    """Disaggregated placement: a mesh over the first ``mesh.rollout_devices`` devices, every one on
+    ``fsdp`` (the sampler's batch and parameters split over them), or None (colocated)."""
+    n = cfg.mesh.rollout_devices
+    return make_mesh(fsdp=n, devices=jax.devices()[:n]) if n else None
 
 
 def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_reference: bool = False,
@@ -361,7 +383,7 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     checkpointer = Checkpointer(os.path.join(cfg.train.run_dir, "checkpoints"), save_every=cfg.train.save_every or 0,
                                 max_to_keep=2, read_only=read_only)
     run = Run(cfg, state.tokenizer, state.model_config, state.policy, checkpointer, ref_params=state.ref_params,
-              critic=state.critic, lock=lock, mesh=mesh, rules=rules)
+              critic=state.critic, lock=lock, mesh=mesh, rules=rules, rollout_mesh=rollout_mesh(cfg))
     if resume:
         run.restore(resume_step)
     if write_config:
@@ -369,4 +391,4 @@ def _build(cfg: RunConfig, lock: RunDirLock | None, *, value_head: bool, total_u
     return run
 
 
-__all__ = ["Run", "RunState", "TrainState", "build_run", "build_state", "run_mesh"]
+__all__ = ["Run", "RunState", "TrainState", "build_run", "build_state", "rollout_mesh", "run_mesh"]
