@@ -130,8 +130,8 @@ def _start_peer_watch(client, me: int, n: int, heartbeat_timeout_s: int, interva
     if client is None or not hasattr(client, "get_live_nodes"):
         return
     _watch_stopped.clear()
-    atexit.register(_watch_stopped.set)
     everyone = list(range(n))
+    atexit.register(_leave_together, client, me, everyone)
 
     def watch():
         while not _watch_stopped.is_set():
@@ -150,6 +150,27 @@ def _start_peer_watch(client, me: int, n: int, heartbeat_timeout_s: int, interva
             time.sleep(interval_s)
 
     threading.Thread(target=watch, name="rljax-peer-watch", daemon=True).start()
+
+
+SHUTDOWN_TIMEOUT_S = 300
+"""How long a process that ends waits at exit for the others to end too (JAX's own shutdown timeout)."""
+
+
+def _leave_together(client, me: int, everyone: list[int]) -> None:
+    """At a normal exit, before JAX's shutdown (``atexit`` runs this first): stop the watcher, wait
+    for every process to reach its exit, and on process 0, which hosts the coordination service,
+    wait until the others have disconnected. A recoverable runtime does not do this itself ("the
+    default shutdown barrier will only block non-recoverable tasks"), and a process whose service
+    went away while it disconnected is aborted by JAX's client."""
+    _watch_stopped.set()
+    try:
+        client.wait_at_barrier("rljax_exit", SHUTDOWN_TIMEOUT_S * 1000)
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        # a barrier over the live processes: it returns once the others disconnected (or called it)
+        while me == 0 and time.monotonic() < deadline and set(client.get_live_nodes(everyone)) - {me}:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - a peer that died or timed out: JAX's shutdown reports it
+        pass
 
 
 def is_main_process() -> bool:
