@@ -1,4 +1,5 @@
-"""Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc.
+"""Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
+XLA's backend optimisation level 0.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -11,6 +12,11 @@ os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
 # run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
+# Most of a tiny-model test's time is XLA:CPU compiling, not running: the backend's optimisation level
+# 0 compiles with fewer LLVM passes (docs/testing.md). Before jax is imported, and inherited by every
+# subprocess (tests._processes.xla_flags keeps it where a test sets its own device count).
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
 
