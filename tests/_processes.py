@@ -7,6 +7,13 @@ import socket
 import subprocess
 
 
+def xla_flags(devices: int) -> str:
+    """``XLA_FLAGS`` for a subprocess with ``devices`` simulated CPU devices, keeping the suite's own flags
+    (``tests/conftest.py``: the backend's optimisation level) from this process's environment."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
     """Start ``commands(port)`` (one argv per process, all given the same free coordinator port), wait
     for all, and return each process's output; every process must exit with status 0.

@@ -1,4 +1,5 @@
-"""Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc.
+"""Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
+XLA's backend optimisation level 0.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -14,6 +15,11 @@ os.environ.setdefault("RLJAX_PLOT", "0")
 # no persistent compilation cache (rljax.compile_cache) in the user's home from the tests' CLI runs;
 # tests/system/test_compile_cache.py turns it on in a temporary directory
 os.environ.setdefault("RLJAX_COMPILATION_CACHE", "0")
+# Most of a tiny-model test's time is XLA:CPU compiling, not running: the backend's optimisation level
+# 0 compiles with fewer LLVM passes (docs/testing.md). Before jax is imported, and inherited by every
+# subprocess (tests._processes.xla_flags keeps it where a test sets its own device count).
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
 

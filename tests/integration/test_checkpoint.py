@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rljax.checkpoint import Checkpointer, abstract_like, is_finite_tree
+from tests._processes import xla_flags
 
 
 def _state(scale: float = 1.0):
@@ -209,7 +210,7 @@ print("SHARDED-OK")
 
 def test_sharded_save_restores_into_another_sharding(tmp_path):
     """8 simulated CPU devices: save (data, fsdp)-sharded arrays, restore with other shardings."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8),
            "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, "-c", _SHARDED_SCRIPT, str(tmp_path / "ckpt")],

@@ -28,6 +28,7 @@ from rljax.models.config import ModelConfig
 from rljax.models.transformer import init_model
 from rljax.run_config import OptimSection, RunConfig
 from rljax.update import MasterWeightsState, apply_update, make_optimizer, master_params, with_master_weights
+from tests._processes import xla_flags
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4, num_kv_heads=2,
                   head_dim=8)
@@ -207,7 +208,7 @@ def test_on_a_mesh_the_master_copy_is_sharded_like_the_parameters(tmp_path):
 
     model = make_tiny_model_dir(tmp_path / "model")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu", PYTHONPATH=repo)
+    env = dict(os.environ, XLA_FLAGS=xla_flags(4), JAX_PLATFORMS="cpu", PYTHONPATH=repo)
     result = subprocess.run([sys.executable, "-c", _ON_A_MESH % dict(model=model, run_dir=tmp_path / "run")],
                             capture_output=True, text=True, env=env, cwd=repo, timeout=1800)  # a hang guard
     assert result.returncode == 0, result.stderr[-3000:]

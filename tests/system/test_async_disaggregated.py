@@ -10,11 +10,13 @@ import sys
 
 import pytest
 
+from tests._processes import xla_flags
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 
 
 def _check(mode: str, devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                RLJAX_PLOT="0")
     result = subprocess.run([sys.executable, os.path.join(HERE, "_async_disaggregated_check.py"), mode],
                             capture_output=True, text=True, env=env, cwd=os.path.dirname(HERE),

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from experiments.reliability.hang_stress import GRPO, LENGTH
-from tests._processes import run_joined
+from tests._processes import run_joined, xla_flags
 from tests._tiny import make_tiny_model_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
 
 
 def _env(devices):
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    return dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                 PYTHONPATH=REPO, RLJAX_PLOT="0", PYTHONFAULTHANDLER="1")
 
 

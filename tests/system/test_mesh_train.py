@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 from rljax.config import ConfigError, load_config
 from rljax.run_config import RunConfig
 from rljax.training import trainer_for
-from tests._processes import run_joined
+from tests._processes import run_joined, xla_flags
 from tests._tiny import make_tiny_model_dir
 from tests.integration.test_dpo import toy_pairs
 
@@ -72,7 +72,7 @@ def _metrics(run_dir):
 
 
 def _env(devices):
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    return dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                 PYTHONPATH=REPO, RLJAX_PLOT="0", JAX_ENABLE_X64="1")
 
 

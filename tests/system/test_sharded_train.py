@@ -11,13 +11,14 @@ import subprocess
 import sys
 
 import pytest
+from tests._processes import xla_flags
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 
 
 @pytest.mark.heavy
 def test_sharded_update_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, os.path.join(HERE, "_sharded_train_check.py")], capture_output=True,
                             text=True, env=env, cwd=os.path.dirname(HERE), timeout=1800)  # a hang guard
     assert result.returncode == 0, result.stderr[-3000:]

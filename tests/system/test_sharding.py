@@ -17,6 +17,7 @@ from rljax import sharding
 from rljax.models import sharded_loading
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import abstract_model, init_model
+from tests._processes import xla_flags
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16)
@@ -281,7 +282,7 @@ def test_constrain_is_a_no_op_without_a_mesh_and_pins_under_one():
 def test_sharded_forward_and_sampler_match_unsharded_on_8_devices():
     """tests/_sharded_check.py on a (data=1, fsdp=4, tensor=2) mesh; see that script for what it computes."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.join(root, "tests", "_sharded_check.py")], env=env, cwd=root,
                           capture_output=True, text=True, timeout=1800)  # a hang guard, not a speed limit
