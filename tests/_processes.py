@@ -14,15 +14,9 @@ def xla_flags(devices: int) -> str:
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
-def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
-    """Start ``commands(port)`` (one argv per process, all given the same free coordinator port), wait
-    for all, and return each process's output; every process must exit with status 0.
-
-    Each process writes to a file, never a pipe: a pipe nobody reads fills at 64 KiB and blocks its
-    writer inside a step while its peers wait in the next collective for ever. ``timeout_s`` is a
-    hang guard, not a time limit: past it every process gets SIGABRT, which under
-    PYTHONFAULTHANDLER=1 (set here) prints each thread's Python stack into its log, and the
-    failure shows them (a two-process run once hung in CI for 30 minutes with nothing to show why)."""
+def start_joined(commands, log_dir, *, env, cwd):
+    """Start ``commands(port)`` (one argv per process, all given the same free coordinator port), each
+    writing to ``log_dir/process{i}.log``; returns the processes and their log paths, without waiting."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -33,15 +27,34 @@ def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
     for argv, path in zip(argvs, paths):
         with open(path, "w") as log:
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd))
+    return procs, paths
+
+
+def abort_unfinished(procs):
+    """SIGABRT to every process still running (PYTHONFAULTHANDLER=1 prints its stacks into its log)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGABRT)
+            p.wait(timeout=60)
+
+
+def run_joined(commands, log_dir, *, env, cwd, timeout_s=900):
+    """Start ``commands(port)`` (one argv per process, all given the same free coordinator port), wait
+    for all, and return each process's output; every process must exit with status 0.
+
+    Each process writes to a file, never a pipe: a pipe nobody reads fills at 64 KiB and blocks its
+    writer inside a step while its peers wait in the next collective for ever. ``timeout_s`` is a
+    hang guard, not a time limit: past it every process gets SIGABRT, which under
+    PYTHONFAULTHANDLER=1 (set here) prints each thread's Python stack into its log, and the
+    failure shows them (a two-process run once hung in CI for 30 minutes with nothing to show why)."""
+    procs, paths = start_joined(commands, log_dir, env=env, cwd=cwd)
     hung = False
     try:
         for p in procs:
             p.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         hung = True
-        for p in procs:
-            p.send_signal(signal.SIGABRT)
-            p.wait(timeout=60)
+        abort_unfinished(procs)
     finally:
         for p in procs:
             p.kill()

@@ -5,17 +5,16 @@ gloo on 127.0.0.1)."""
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import pytest
 
 from rljax.distributed import any_process, cluster_detected, initialize
 from rljax.errors import UserError
-from tests._processes import run_joined
+from tests._processes import abort_unfinished, run_joined, start_joined
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -109,26 +108,17 @@ while True:  # in no collective: only the watcher can learn that process 1 is go
 
 
 def test_a_survivor_outside_any_collective_ends_with_one_line_once_its_peer_is_dead(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, PYTHONFAULTHANDLER="1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logs = [tmp_path / f"process{i}.log" for i in range(2)]
-    procs = []
-    for i, path in enumerate(logs):
-        with open(path, "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-c", _SURVIVOR, str(port), str(i)], stdout=log,
-                                          stderr=subprocess.STDOUT, env=env, cwd=REPO))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    procs, paths = start_joined(lambda port: [[sys.executable, "-c", _SURVIVOR, str(port), str(i)] for i in range(2)],
+                                str(tmp_path), env=env, cwd=REPO)
+    logs = [Path(path) for path in paths]
     try:
         procs[1].wait(timeout=300)  # hang guards, not time limits
         died = time.monotonic()
         procs[0].wait(timeout=300)
         took = time.monotonic() - died  # ~10-20 s: the heartbeat timeout, then the watcher's next call
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGABRT)
-                p.wait(timeout=60)
+        abort_unfinished(procs)
     out = logs[0].read_text()
     assert procs[1].returncode == -signal.SIGKILL, logs[1].read_text()[-3000:]
     assert procs[0].returncode == 75, out[-3000:]

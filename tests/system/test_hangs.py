@@ -7,7 +7,6 @@ Every run here is a `python -m rljax train` subprocess of the tiny model; each w
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import time
 import pytest
 
 from experiments.reliability.hang_stress import GRPO, LENGTH
-from tests._processes import run_joined, xla_flags
+from tests._processes import abort_unfinished, run_joined, start_joined, xla_flags
 from tests._tiny import make_tiny_model_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,14 +87,9 @@ def test_a_two_process_run_under_a_cpu_burner_finishes(model_dir, tmp_path):
 def test_a_killed_process_ends_the_survivor_within_two_minutes_with_one_line(model_dir, tmp_path):
     config = _config(tmp_path, model_dir, steps=500)
     run_dir = tmp_path / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logs = [tmp_path / f"process{i}.log" for i in range(2)]
-    procs = []
-    for argv, path in zip(_two_process_argv(config, run_dir, port), logs):
-        with open(path, "w") as log:
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_env(4), cwd=REPO))
+    procs, paths = start_joined(lambda port: _two_process_argv(config, run_dir, port), str(tmp_path), env=_env(4),
+                                cwd=REPO)
+    logs = [tmp_path / os.path.basename(path) for path in paths]
     try:
         deadline = time.monotonic() + 900
         metrics = run_dir / "metrics.jsonl"
@@ -109,10 +103,7 @@ def test_a_killed_process_ends_the_survivor_within_two_minutes_with_one_line(mod
         procs[0].wait(timeout=180)
         took = time.monotonic() - killed
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGABRT)
-                p.wait(timeout=60)
+        abort_unfinished(procs)
     out = logs[0].read_text()
     assert took < 120, (took, out[-3000:])
     assert procs[0].returncode == 75, out[-3000:]
