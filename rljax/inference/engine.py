@@ -3,6 +3,7 @@
     engine = Engine(model, max_slots=64, page_size=16)
     outs = engine.generate([Request(prompt_ids=ids, max_tokens=128, temperature=1.0, seed=7), ...])
     outs[i].token_ids, outs[i].logprobs, outs[i].finish_reason   # "stop" | "length"
+    outs[i].top_logprobs   # with Request(top_logprobs=k): each token's k likeliest [(id, log-prob), ...]
 
 ``max_slots`` sequences decode together, one token each per step; the others wait in a queue. A
 sequence that stops frees its slot and its pages at once, and the next waiting request is prefilled
@@ -49,7 +50,9 @@ from rljax.inference.pages import NULL_PAGE, PagePool
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One generation request. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off; the
-    sequence stops after a token of ``stop_token_ids`` (kept in the output) or ``max_tokens`` tokens."""
+    sequence stops after a token of ``stop_token_ids`` (kept in the output) or ``max_tokens`` tokens.
+    ``top_logprobs`` (0 to :data:`MAX_TOP_LOGPROBS`): also return each token's that many likeliest
+    tokens and their log-probs, under the same distribution as ``logprobs``."""
 
     prompt_ids: Sequence[int]
     max_tokens: int = 64
@@ -58,19 +61,27 @@ class Request:
     top_k: int = 0
     stop_token_ids: Sequence[int] = ()
     seed: int = 0
+    top_logprobs: int = 0
+
+
+# The most alternatives a request may ask for (OpenAI's limit). A step where any request asks for
+# some computes this many for every row: one more compiled program, not one per value.
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclasses.dataclass
 class Output:
     """What a request produced: the sampled ids, the log-prob of each under ``softmax(logits / T)``
     (T the request's temperature; greedy and T = 1 unscaled) and why it ended ("stop", "length", or
-    "cancelled")."""
+    "cancelled"). ``top_logprobs``: per token, the request's ``top_logprobs`` likeliest ``(id,
+    log-prob)`` pairs under the same distribution, most likely first (empty when not asked for)."""
 
     request_id: int
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
 
 _WAITING, _PREFILL, _FOLLOW, _DECODE = "waiting", "prefill", "follow", "decode"
@@ -83,6 +94,7 @@ class _Sequence:
     prompt: list[int]
     generated: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)
     kv_len: int = 0  # tokens whose keys and values are in the pages
     slot: int = -1
@@ -183,11 +195,12 @@ class Engine:
             self._waiting_prompts[tuple(seq.prompt)] -= 1
         self._finish(seq, "cancelled")
 
-    def progress(self, request_id: int) -> tuple[list[int], list[float]] | None:
-        """The tokens and log-probs a running or waiting request has sampled so far (copies, for a
-        caller that streams them); None once it has finished (its output comes from :meth:`step`)."""
+    def progress(self, request_id: int) -> tuple[list[int], list[float], list[list[tuple[int, float]]]] | None:
+        """The tokens, log-probs and top log-probs (as :class:`Output`'s) a running or waiting request
+        has sampled so far (copies, for a caller that streams them); None once it has finished (its
+        output comes from :meth:`step`)."""
         seq = self._sequences.get(request_id)
-        return None if seq is None else (list(seq.generated), list(seq.logprobs))
+        return None if seq is None else (list(seq.generated), list(seq.logprobs), list(seq.top))
 
     def has_work(self) -> bool:
         return bool(self._waiting) or any(s is not None for s in self._slots)
@@ -240,6 +253,8 @@ class Engine:
             raise UserError(f"stop_token_ids: ids must be in [0, {V}), got {list(r.stop_token_ids)}")
         if not isinstance(r.seed, (int, np.integer)) or not 0 <= r.seed < 2 ** 32:
             raise UserError(f"seed must be an integer in [0, 2**32), got {r.seed!r}")
+        if not isinstance(r.top_logprobs, (int, np.integer)) or not 0 <= r.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise UserError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {r.top_logprobs!r}")
         return prompt
 
     # ------------------------------------------------------------------ one scheduling step
@@ -370,14 +385,15 @@ class Engine:
         n = bucket_length(len(pairs), 1, 1)
         seqs = [s for s, _ in pairs] + [None] * (n - len(pairs))
         logits = jnp.stack([l for _, l in pairs] + [pairs[0][1]] * (n - len(pairs)))
-        sampling, filtered = self._sampling(seqs)
-        tokens, logps = model_step.sample(logits, sampling, filtered=filtered)
-        tokens, logps = np.asarray(tokens), np.asarray(logps)
+        sampling, filtered, top = self._sampling(seqs)
+        drawn = jax.device_get(model_step.sample(logits, sampling, filtered=filtered, top=top))
         for i, (seq, _) in enumerate(pairs):
             seq.state = _DECODE
-            self._append(seq, int(tokens[i]), float(logps[i]))
+            self._append(seq, i, *drawn)
 
-    def _sampling(self, seqs: Sequence[_Sequence | None]) -> tuple[dict, bool]:
+    def _sampling(self, seqs: Sequence[_Sequence | None]) -> tuple[dict, bool, int]:
+        """The rows' sampling settings, whether any row filters (top-k / top-p), and how many top
+        log-probs the step computes (0, or :data:`MAX_TOP_LOGPROBS` when any row asks)."""
         n = len(seqs)
         out = {"seed": np.zeros(n, np.uint32), "counter": np.zeros(n, np.int32),
                "temperature": np.ones(n, np.float32), "top_k": np.zeros(n, np.int32), "top_p": np.ones(n, np.float32)}
@@ -388,12 +404,18 @@ class Engine:
             out["seed"][i], out["counter"][i] = r.seed, len(s.generated)
             out["temperature"][i], out["top_k"][i], out["top_p"][i] = r.temperature, r.top_k, r.top_p
         filtered = bool((out["top_k"] > 0).any() or (out["top_p"] < 1).any())
-        return out, filtered
+        top = MAX_TOP_LOGPROBS if any(s is not None and s.request.top_logprobs for s in seqs) else 0
+        return out, filtered, top
 
-    def _append(self, seq: _Sequence, token: int, logp: float) -> None:
+    def _append(self, seq: _Sequence, row: int, tokens, logps, top_logps, top_ids) -> None:
+        """Row ``row`` of a sampling call's (host) outputs becomes ``seq``'s next token."""
+        token = int(tokens[row])
         seq.generated.append(token)
-        seq.logprobs.append(logp)
+        seq.logprobs.append(float(logps[row]))
         r = seq.request
+        if r.top_logprobs:
+            k = r.top_logprobs
+            seq.top.append([(int(i), float(lp)) for i, lp in zip(top_ids[row, :k], top_logps[row, :k])])
         if token in r.stop_token_ids:
             self._finish(seq, "stop")
         elif len(seq.generated) >= r.max_tokens:
@@ -428,12 +450,11 @@ class Engine:
             if s is not None:
                 tokens[i], start[i], active[i] = s.generated[-1], s.kv_len, 1
                 table[i, :len(s.pages)] = s.pages
-        sampling, filtered = self._sampling(rows)
+        sampling, filtered, top = self._sampling(rows)
         t0 = time.perf_counter()
-        self.kv, next_tokens, logps = model_step.decode(self.graphdef, self.states, self.weights, self.kv, tokens,
-                                                        start, active, table, sampling, live_pages=live,
-                                                        filtered=filtered)
-        next_tokens, logps = np.asarray(next_tokens), np.asarray(logps)
+        self.kv, *drawn = model_step.decode(self.graphdef, self.states, self.weights, self.kv, tokens, start, active,
+                                            table, sampling, live_pages=live, filtered=filtered, top=top)
+        drawn = jax.device_get(drawn)
         self.stats["decode_seconds"] += time.perf_counter() - t0
         self.stats["decode_steps"] += 1
         self.stats["decode_tokens"] += int(active.sum())
@@ -441,7 +462,7 @@ class Engine:
         for i, s in enumerate(rows):
             if s is not None:
                 s.kv_len += 1
-                self._append(s, int(next_tokens[i]), float(logps[i]))
+                self._append(s, i, *drawn)
 
     def _newest(self) -> _Sequence:
         running = [s for s in self._slots if s is not None]
@@ -479,7 +500,7 @@ class Engine:
             self._slots[seq.slot] = None
         seq.state = "finished"
         del self._sequences[seq.id]
-        self._finished[seq.id] = Output(seq.id, seq.prompt, seq.generated, seq.logprobs, reason)
+        self._finished[seq.id] = Output(seq.id, seq.prompt, seq.generated, seq.logprobs, reason, seq.top)
 
 
 def _same_arrays(a, b) -> bool:

@@ -85,32 +85,35 @@ def prefill(graphdef, states, weights, kv, tokens, start, length, page_table, li
     return kv, model.decode_logits(last, weights)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "live_pages", "filtered"), donate_argnames=("kv",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "live_pages", "filtered", "top"), donate_argnames=("kv",))
 def decode(graphdef, states, weights, kv, tokens, start, active, page_table, sampling, live_pages=None,
-           filtered=False):
+           filtered=False, top=0):
     """One token per slot (``tokens`` ``[S]`` at positions ``start``; slots with ``active`` 0 write
-    nothing), then the next token of every slot: ``(kv, next_tokens [S], logprobs [S])``."""
+    nothing), then the next token of every slot: ``(kv, next_tokens [S], logprobs [S], top_logprobs
+    [S, top], top_ids [S, top])`` (see :func:`sample_rows`)."""
     TRACES["decode"] += 1
     model, hidden, kv = _forward(graphdef, states, weights, kv, tokens[:, None], start, active, page_table,
                                  live_pages)
     logits = model.decode_logits(hidden[:, 0], weights)
-    return (kv, *_sample(logits, sampling, filtered))
+    return (kv, *_sample(logits, sampling, filtered, top))
 
 
-@functools.partial(jax.jit, static_argnames=("filtered",))
-def sample(logits, sampling, filtered=False):
+@functools.partial(jax.jit, static_argnames=("filtered", "top"))
+def sample(logits, sampling, filtered=False, top=0):
     """:func:`sample_rows` as its own program (the first token after a prefill)."""
     TRACES["sample"] += 1
-    return _sample(logits, sampling, filtered)
+    return _sample(logits, sampling, filtered, top)
 
 
-def _sample(logits, sampling, filtered):
+def _sample(logits, sampling, filtered, top):
     return sample_rows(logits, sampling["seed"], sampling["counter"], sampling["temperature"],
-                       sampling["top_k"], sampling["top_p"], filtered=filtered)
+                       sampling["top_k"], sampling["top_p"], filtered=filtered, top=top)
 
 
-def sample_rows(logits, seeds, counters, temperature, top_k, top_p, *, filtered: bool = True):
-    """Per-row sampling: row ``r``'s next token and its log-prob under ``softmax(logits / T_r)``.
+def sample_rows(logits, seeds, counters, temperature, top_k, top_p, *, filtered: bool = True, top: int = 0):
+    """Per-row sampling: row ``r``'s next token and its log-prob under ``softmax(logits / T_r)``, and
+    the ``top`` likeliest tokens' log-probs and ids under that same distribution (``[R, top]`` each,
+    most likely first; what an OpenAI client's ``top_logprobs`` shows).
 
     logits ``[R, V]`` float32; seeds, counters, top_k ``[R]`` int; temperature, top_p ``[R]`` float.
     Row r draws with key ``fold_in(key(seeds[r]), counters[r])``: its tokens depend on its own seed and
@@ -127,8 +130,10 @@ def sample_rows(logits, seeds, counters, temperature, top_k, top_p, *, filtered:
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds.astype(jnp.uint32), counters)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
     token = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), categorical_from_uniform(u, drawable))
+    logz = jax.nn.logsumexp(scaled, axis=-1)
     picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
-    return token, picked - jax.nn.logsumexp(scaled, axis=-1)
+    top_values, top_ids = jax.lax.top_k(scaled, top)
+    return token, picked - logz, top_values - logz[:, None], top_ids.astype(jnp.int32)
 
 
 def filter_rows(logits, top_k, top_p):

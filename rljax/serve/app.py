@@ -55,6 +55,7 @@ class ChoiceRecord:
     content: str | None  # the message content: the text, or what precedes parsed tool calls (None if nothing)
     tool_calls: list[dict]
     tool_call_errors: list[str]
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)  # per token, if asked
 
 
 @dataclasses.dataclass
@@ -235,8 +236,10 @@ class Server:
         seed = req.seed if req.seed is not None else secrets.randbelow(2 ** 32)
         temperature = 1.0 if req.temperature is None else req.temperature
         top_p = 1.0 if req.top_p is None else req.top_p
+        top = (req.top_logprobs or 0) if kind == "chat" else (req.logprobs or 0)
         requests = [Request(prompt_ids=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            stop_token_ids=self.stop_token_ids, seed=(seed + i) % 2 ** 32) for i in range(req.n)]
+                            stop_token_ids=self.stop_token_ids, seed=(seed + i) % 2 ** 32, top_logprobs=top)
+                    for i in range(req.n)]
         return prompt, tools, requests
 
     async def _submit(self, requests: list[Request], callbacks, param: str):
@@ -261,7 +264,7 @@ class Server:
         if req.stream:
             return await self._stream(kind, req, call_id, prompt, tools, requests, stops, version, started)
 
-        def watch(ids, _lps):
+        def watch(ids, _lps, _top):
             return decoder.holds_stop(ids, stops)
 
         futures = await self._submit(requests, [watch if stops else None] * len(requests),
@@ -289,7 +292,8 @@ class Server:
         if message.get("tool_calls"):
             reason = "tool_calls"
         return ChoiceRecord(list(out.token_ids[:kept]), list(out.logprobs[:kept]), reason,
-                            text, message["content"], message.get("tool_calls", []), errors)
+                            text, message["content"], message.get("tool_calls", []), errors,
+                            list(out.top_logprobs[:kept]))
 
     def _choice(self, kind: str, index: int, r: ChoiceRecord, req) -> dict:
         if kind == "chat":
@@ -297,10 +301,11 @@ class Server:
             if r.tool_calls:
                 message["tool_calls"] = r.tool_calls
             return {"index": index, "message": message, "finish_reason": r.finish_reason,
-                    "logprobs": chat_logprobs(self.decoder, r.token_ids, r.logprobs) if req.logprobs else None,
+                    "logprobs": chat_logprobs(self.decoder, r.token_ids, r.logprobs, r.top_logprobs)
+                    if req.logprobs else None,
                     "token_ids": r.token_ids}
         return {"index": index, "text": r.text, "finish_reason": r.finish_reason,
-                "logprobs": completion_logprobs(self.decoder, r.token_ids, r.logprobs)
+                "logprobs": completion_logprobs(self.decoder, r.token_ids, r.logprobs, r.top_logprobs)
                 if req.logprobs is not None else None, "token_ids": r.token_ids}
 
     def _record(self, kind, req, prompt, records, version, started) -> None:
@@ -321,9 +326,9 @@ class Server:
         decoder, n = self.decoder, len(requests)
 
         def watcher(index):
-            def watch(ids, lps):
+            def watch(ids, lps, top):
                 stop = bool(stops) and decoder.holds_stop(ids, stops)
-                loop.call_soon_threadsafe(queue.put_nowait, ("tokens", index, ids, lps, stop))
+                loop.call_soon_threadsafe(queue.put_nowait, ("tokens", index, ids, lps, top, stop))
                 return stop
             return watch
 
@@ -335,7 +340,7 @@ class Server:
         hold = max((len(s) for s in stops), default=1) - 1
         withhold_text = kind == "chat" and bool(tools)  # a tool call is known only at the end
 
-        def chunk(index, delta_text, ids, lps, reason=None, first=False, tool_calls=None):
+        def chunk(index, delta_text, ids, lps, top, reason=None, first=False, tool_calls=None):
             c: dict[str, Any] = {"index": index, "finish_reason": reason, "token_ids": ids}
             if kind == "chat":
                 delta: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -344,10 +349,10 @@ class Server:
                 if tool_calls:
                     delta["tool_calls"] = [dict(tc, index=j) for j, tc in enumerate(tool_calls)]
                 c["delta"] = delta
-                c["logprobs"] = chat_logprobs(decoder, ids, lps) if req.logprobs else None
+                c["logprobs"] = chat_logprobs(decoder, ids, lps, top) if req.logprobs else None
             else:
                 c["text"] = delta_text or ""
-                c["logprobs"] = completion_logprobs(decoder, ids, lps) if req.logprobs is not None else None
+                c["logprobs"] = completion_logprobs(decoder, ids, lps, top) if req.logprobs is not None else None
             body = {"id": call_id, "object": obj, "created": created, "model": self.model_id, "choices": [c]}
             if first:
                 body["prompt_token_ids"] = prompt
@@ -358,32 +363,35 @@ class Server:
             records: list[ChoiceRecord | None] = [None] * n
             try:
                 for i in range(n):
-                    yield chunk(i, "" if kind == "chat" else None, [], [], first=True)
+                    yield chunk(i, "" if kind == "chat" else None, [], [], [], first=True)
                 while any(r is None for r in records):
                     item = await queue.get()
                     if item[0] == "tokens":
-                        _, i, ids, lps, stop = item
+                        _, i, ids, lps, top, stop = item
                         if records[i] is not None or stop:
                             continue  # the tokens after a stop string wait for the cut
                         text = decoder.text(ids)
                         safe = text.rstrip("\ufffd")  # a character's bytes not all sampled yet
                         safe = safe[:max(len(safe) - hold, 0)] if stops else safe
                         delta = safe[len(sent_text[i]):] if safe.startswith(sent_text[i]) and not withhold_text else ""
-                        new_ids, new_lps = ids[sent_ids[i]:], lps[sent_ids[i]:]
+                        new_ids, new_lps, new_top = ids[sent_ids[i]:], lps[sent_ids[i]:], top[sent_ids[i]:]
                         if delta or new_ids:
                             sent_text[i] += delta
                             sent_ids[i] = len(ids)
-                            yield chunk(i, delta, new_ids, new_lps)
+                            yield chunk(i, delta, new_ids, new_lps, new_top)
                         continue
                     _, i, future = item
                     record = self._choice_record(future.result(), stops, tools)
                     records[i] = record
-                    rest_ids, rest_lps = record.token_ids[sent_ids[i]:], record.logprobs[sent_ids[i]:]
+                    rest = sent_ids[i]
+                    rest_ids, rest_lps, rest_top = (record.token_ids[rest:], record.logprobs[rest:],
+                                                    record.top_logprobs[rest:])
                     if record.tool_calls:
-                        yield chunk(i, record.content, rest_ids, rest_lps, record.finish_reason,
+                        yield chunk(i, record.content, rest_ids, rest_lps, rest_top, record.finish_reason,
                                     tool_calls=record.tool_calls)
                     else:
-                        yield chunk(i, record.text[len(sent_text[i]):], rest_ids, rest_lps, record.finish_reason)
+                        yield chunk(i, record.text[len(sent_text[i]):], rest_ids, rest_lps, rest_top,
+                                    record.finish_reason)
                 if (req.stream_options or {}).get("include_usage"):
                     body = {"id": call_id, "object": obj, "created": created, "model": self.model_id, "choices": [],
                             "usage": usage(prompt, [r.token_ids for r in records])}

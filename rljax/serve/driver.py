@@ -7,8 +7,9 @@
 
 :class:`~rljax.inference.Engine` is not thread-safe, so every call into it (submit, step, cancel,
 set_weights) runs on the driver's thread; requests submitted from many threads between two steps
-are batched by the engine like any others. ``on_tokens(token_ids, logprobs)`` is called on the
-driver's thread after each step in which a running request sampled new tokens (what it has so far);
+are batched by the engine like any others. ``on_tokens(token_ids, logprobs, top_logprobs)`` is called
+on the driver's thread after each step in which a running request sampled new tokens (what it has so
+far, as :meth:`Engine.progress` gives it);
 it returns True to cancel the request there and then (a stop string found), so it must be quick.
 """
 
@@ -21,7 +22,7 @@ from typing import Callable, Sequence
 
 from rljax.inference import Engine, Output, Request
 
-OnTokens = Callable[[list, list], bool]
+OnTokens = Callable[[list, list, list], bool]
 
 
 class EngineDriver:
@@ -136,7 +137,7 @@ class EngineDriver:
     def _resolve(self, out: Output) -> None:
         watcher = self._watchers.pop(out.request_id, None)
         if watcher is not None and len(out.token_ids) > watcher[1]:
-            watcher[0](list(out.token_ids), list(out.logprobs))  # the last tokens, before the output
+            watcher[0](list(out.token_ids), list(out.logprobs), list(out.top_logprobs))  # the last tokens, before the output
         f = self._futures.pop(out.request_id, None)
         if f is not None:
             f.set_result(out)

@@ -113,6 +113,8 @@ def check_unsupported(req: _Sampling) -> None:
             raise BadRequest(f"{field} is not supported by rljax serve (only 0)", field)
     if req.logit_bias:
         raise BadRequest("logit_bias is not supported by rljax serve", "logit_bias")
+    if isinstance(req, ChatRequest) and req.top_logprobs and not req.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise BadRequest("echo is not supported by rljax serve", "echo")
@@ -260,23 +262,33 @@ def tool_message(text: str, tools: list[dict]) -> tuple[dict, list[str]]:
                            for c in calls]}, errors
 
 
-def chat_logprobs(decoder: Decoder, ids: list[int], logprobs: list[float]) -> dict:
+def chat_logprobs(decoder: Decoder, ids: list[int], logprobs: list[float], top: list | None = None) -> dict:
     """``choice.logprobs`` of a chat completion: one entry per sampled token (the stop token too), its
-    log-prob under the request's temperature; ``top_logprobs`` is empty (the engine keeps no top-k)."""
+    log-prob under the request's temperature, and its ``top_logprobs`` (the engine's per-token ``(id,
+    log-prob)`` pairs, most likely first; an empty list when none were asked for)."""
     content = []
-    for i, lp in zip(ids, logprobs):
-        tok = decoder.token(i)
-        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8")), "top_logprobs": []})
+    for n, (i, lp) in enumerate(zip(ids, logprobs)):
+        alternatives = [_token_logprob(decoder, j, a) for j, a in (top[n] if top and n < len(top) else [])]
+        content.append({**_token_logprob(decoder, i, lp), "top_logprobs": alternatives})
     return {"content": content}
 
 
-def completion_logprobs(decoder: Decoder, ids: list[int], logprobs: list[float]) -> dict:
+def _token_logprob(decoder: Decoder, token_id: int, logprob: float) -> dict:
+    tok = decoder.token(token_id)
+    return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
+
+
+def completion_logprobs(decoder: Decoder, ids: list[int], logprobs: list[float], top: list | None = None) -> dict:
+    """``choice.logprobs`` of a text completion: tokens, their log-probs and offsets, and per token a
+    ``{token: log-prob}`` of the ``logprobs: N`` likeliest (``{}`` when N is 0)."""
     tokens = [decoder.token(i) for i in ids]
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
-    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": [{} for _ in tokens],
+    alternatives = [{decoder.token(j): a for j, a in (top[n] if top and n < len(top) else [])}
+                    for n in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": alternatives,
             "text_offset": offsets}
 
 

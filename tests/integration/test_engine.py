@@ -106,6 +106,30 @@ def test_a_group_shares_its_prompt_pages_and_runs_one_prefill(model, prompts):
     assert later.stats["prefill_tokens"] == len(prompt) and later.stats["prompt_cache_hits"] == 2
 
 
+def test_top_logprobs_are_the_trainers_likeliest_tokens_and_only_where_asked(model, prompts):
+    reqs = [Request(prompt_ids=prompts[0], max_tokens=6, temperature=0.7, top_k=10, seed=3, top_logprobs=3),
+            Request(prompt_ids=prompts[2], max_tokens=6, temperature=0.0, top_logprobs=1),
+            Request(prompt_ids=prompts[3], max_tokens=6, temperature=0.7, seed=4)]
+    outs = Engine(model, max_slots=4, page_size=PAGE, num_pages=64).generate(reqs)
+    for r, o in zip(reqs, outs):
+        if not r.top_logprobs:
+            assert o.top_logprobs == []
+            continue
+        assert len(o.top_logprobs) == len(o.token_ids)
+        prompt, scale = list(r.prompt_ids), r.temperature if r.temperature else 1.0
+        seq = prompt + o.token_ids
+        ids = np.zeros((1, 96), np.int32)
+        ids[0, :len(seq)] = seq
+        logits = _logits(nnx.split(model), jnp.asarray(ids), jnp.asarray((np.arange(96) < len(seq))[None], jnp.int32))
+        full = np.asarray(jax.nn.log_softmax(logits[0, len(prompt) - 1:len(seq) - 1] / scale, axis=-1))
+        for t, top in enumerate(o.top_logprobs):
+            want = np.argsort(-full[t], kind="stable")[:r.top_logprobs]
+            assert [i for i, _ in top] == want.tolist()
+            np.testing.assert_allclose([lp for _, lp in top], full[t, want], atol=1e-5, rtol=0)
+        if r.temperature == 0:  # greedy: the sampled token is the likeliest one
+            assert [top[0][0] for top in o.top_logprobs] == o.token_ids
+
+
 def test_page_exhaustion_queues_requests_and_preemption_keeps_the_output(model, prompts):
     reqs = [Request(prompt_ids=p, max_tokens=24, temperature=0.0) for p in prompts]
     # 12 usable pages of 4 tokens: one sequence needs up to 13; four slots cannot all grow at once
@@ -146,6 +170,8 @@ def test_a_cancelled_request_frees_its_pages_and_slot(model, prompts):
     ("top_p", 1.5, "top_p must be in (0, 1]"),
     ("top_k", -1, "top_k must be an integer >= 0"),
     ("prompt_ids", [1, 64], "prompt_ids: token ids must be in [0, 64)"),
+    ("top_logprobs", 21, "top_logprobs must be an integer in [0, 20]"),
+    ("top_logprobs", -1, "top_logprobs must be an integer in [0, 20]"),
 ])
 def test_bad_requests_are_refused_and_the_engine_keeps_serving(model, prompts, field, bad, message):
     engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64, max_context=256)

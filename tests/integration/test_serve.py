@@ -77,7 +77,14 @@ def test_chat_greedy_equals_the_engine(served, tiny):
     assert choice["finish_reason"] == "length"
     got_lps = [e["logprob"] for e in choice["logprobs"]["content"]]
     np.testing.assert_allclose(got_lps, want.logprobs, rtol=0, atol=1e-5)
-    assert all(e["top_logprobs"] == [] for e in choice["logprobs"]["content"])  # the engine keeps no top-k
+    # top_logprobs: the two likeliest tokens under the same distribution; greedy, the first is the sampled one
+    top_engine = Engine(model, max_slots=2, page_size=16).generate(
+        [Request(prompt_ids=prompt, max_tokens=12, temperature=0.0, stop_token_ids=(), top_logprobs=2)])[0]
+    for e, tid, want_top in zip(choice["logprobs"]["content"], want.token_ids, top_engine.top_logprobs):
+        assert [a["token"] for a in e["top_logprobs"]] == [tokenizer.decode([j]) for j, _ in want_top]
+        np.testing.assert_allclose([a["logprob"] for a in e["top_logprobs"]], [lp for _, lp in want_top], atol=1e-5)
+        assert e["top_logprobs"][0]["token"] == e["token"] and e["top_logprobs"][0]["logprob"] == e["logprob"]
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
     assert body["usage"] == {**body["usage"], "prompt_tokens": len(prompt), "completion_tokens": 12}
     # the call was recorded with exactly what was sampled
     rec = calls[-1]
@@ -101,13 +108,15 @@ def test_streaming_concatenates_to_the_non_streamed_reply(served):
     _, client, calls = served
     kw = dict(model="tiny", messages=[{"role": "user", "content": "count to ten"}], max_tokens=20, temperature=0)
     whole = client.chat.completions.create(**kw).model_dump()["choices"][0]
-    chunks = [c.model_dump() for c in client.chat.completions.create(stream=True, logprobs=True, **kw)]
+    chunks = [c.model_dump() for c in client.chat.completions.create(stream=True, logprobs=True, top_logprobs=3, **kw)]
     assert chunks[0]["prompt_token_ids"] == calls[-2].prompt_token_ids
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
     lps = [e["logprob"] for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     assert text == whole["message"]["content"] and ids == whole["token_ids"]
     assert len(lps) == len(ids) == 20
+    tops = [e["top_logprobs"] for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    assert [len(t) for t in tops] == [3] * 20 and [t[0]["logprob"] for t in tops] == lps  # greedy: the first is drawn
     assert len(chunks) > 3  # streamed as produced, not one block
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
     assert calls[-1].choices[0].token_ids == ids  # streamed calls are recorded too
@@ -177,6 +186,8 @@ def test_bad_requests_get_400_and_the_server_goes_on(served):
             ({"json": {**good, "stop": ["a", "b", "c", "d", "e"]}}, 400, "stop"),
             ({"json": {**good, "max_tokens": 10 ** 6}}, 400, "max_tokens"),  # the engine's UserError
             ({"json": {**good, "frequency_penalty": 0.5}}, 400, "frequency_penalty"),
+            ({"json": {**good, "top_logprobs": 2}}, 400, "top_logprobs"),  # without logprobs: true
+            ({"json": {**good, "logprobs": True, "top_logprobs": 21}}, 400, "top_logprobs"),
             ({"json": {**good, "model": "gpt-4o"}}, 404, "model"),
         ]
         for kwargs, status, param in cases:
@@ -190,8 +201,11 @@ def test_bad_requests_get_400_and_the_server_goes_on(served):
         too_big = http.post("/v1/completions", content=b'{"prompt": "' + b"x" * (5 << 20) + b'"}',
                             headers={"content-type": "application/json"})
         assert too_big.status_code == 413
-        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "ok", "max_tokens": 2})
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "ok", "max_tokens": 2, "logprobs": 2})
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 2
+        logprobs = r.json()["choices"][0]["logprobs"]
+        assert [len(t) for t in logprobs["top_logprobs"]] == [2, 2]  # {token: log-prob} of the 2 likeliest
+        assert all(lp <= max(t.values()) + 1e-6 for lp, t in zip(logprobs["token_logprobs"], logprobs["top_logprobs"]))
 
 
 def test_api_key_enforced(tiny):
@@ -304,7 +318,7 @@ def test_driver_cancels_and_refuses_without_stopping(tiny):
     try:
         seen = []
         (long,) = driver.submit([Request(prompt_ids=[5, 6, 7], max_tokens=200, temperature=0.0)],
-                                [lambda ids, lps: seen.append(len(ids)) or len(ids) >= 5])
+                                [lambda ids, lps, top: seen.append(len(ids)) or len(ids) >= 5])
         out = long.result(timeout=120)
         assert out.finish_reason == "cancelled" and len(out.token_ids) == len(out.logprobs) >= 5
         assert seen and seen[-1] == len(out.token_ids)
