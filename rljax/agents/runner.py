@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import json
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -66,6 +67,29 @@ class AgentEpisode:
             if call.choices:
                 return call.choices[0].text
         return ""
+
+    @property
+    def transcript(self) -> str:
+        """The whole episode as text, for a judge that scores trajectories (RULER): every message the
+        agent sent and every reply with its tool calls, in call order. A call that continues the
+        conversation so far adds only its new messages; one whose history the agent rewrote starts a
+        new section (``[call k: the agent rewrote its history]``) with all its messages."""
+        lines: list[str] = []
+        shown: list[dict] = []
+        for k, call in enumerate(self.calls):
+            messages = [_plain(m) for m in call.request.get("messages", [])] or [
+                _plain({"role": "user", "content": str(call.request.get("prompt", ""))})]
+            if shown and messages[:len(shown)] == shown:
+                new = messages[len(shown):]
+            else:
+                if shown:
+                    lines.append(f"[call {k + 1}: the agent rewrote its history]")
+                new = messages
+            lines += [_line(m) for m in new]
+            reply = _reply(call)
+            lines.append(_line(reply))
+            shown = messages + [reply]
+        return "\n".join(lines)
 
 
 def load_agent(spec: str, *, where: str = "environment.function") -> Callable:
@@ -152,9 +176,12 @@ def run_agent_episodes(agent: Callable, tasks: Sequence[dict], *, server: AgentS
 
 def score_episodes(episodes: Sequence[AgentEpisode], rewards) -> None:
     """Give the episodes whose agent returned None the score of ``rewards`` (a ``rljax.rewards``
-    ``RewardSet``: a judge in ``group`` mode compares the episodes of one task) on their last reply;
-    without ``rewards`` such an episode fails. Every unfailed episode is shown to ``rewards`` (its task
-    with the reply's ``completion_ids``), so a group judge sees the whole group."""
+    ``RewardSet``); without ``rewards`` such an episode fails. Every unfailed episode is shown to
+    ``rewards``: the completion is its last reply (what ``answer`` or ``python`` rewards check), the
+    example its task with the reply's ``completion_ids`` and the episode's ``trajectory``
+    (:attr:`AgentEpisode.transcript`), which a judge scores instead of the last reply, so a judge in
+    ``group`` mode compares the whole episodes of one task side by side, as RULER does. A task without
+    a ``prompt`` is shown with its JSON as the prompt (what groups the episodes of one task)."""
     unscored = [e for e in episodes if not e.failed and e.returned is None]
     if not unscored:
         return
@@ -164,8 +191,11 @@ def score_episodes(episodes: Sequence[AgentEpisode], rewards) -> None:
         return
     shown = [e for e in episodes if not e.failed]
     last = [e.calls[-1].choices[0].token_ids if e.calls and e.calls[-1].choices else [] for e in shown]
-    out = rewards([e.final_text for e in shown], [dict(e.task, completion_ids=list(ids), completion_length=len(ids))
-                                                  for e, ids in zip(shown, last)])
+    examples = [dict(e.task, completion_ids=list(ids), completion_length=len(ids), trajectory=e.transcript)
+                for e, ids in zip(shown, last)]
+    for ex, e in zip(examples, shown):
+        ex.setdefault("prompt", json.dumps(e.task, sort_keys=True, default=str))
+    out = rewards([e.final_text for e in shown], examples)
     for e, total, missing in zip(shown, out.total, out.missing):
         if e.returned is None:
             if missing:
@@ -190,6 +220,27 @@ def agent_rollout(episodes: Sequence[AgentEpisode], tokenizer: Any, *, repeats: 
         pad = Episode(example=dict(e.task), status="failed", error=e.error or "padding")
         rows += kept + [pad] * (max_transitions - len(kept))
     return episodes_rollout(rows, tokenizer, repeats=repeats * max_transitions, pad_id=pad_id, credit="trajectory")
+
+
+def _plain(message: dict) -> dict:
+    """A message as the transcript compares it: role, text and tool calls (names and arguments)."""
+    content = message.get("content")
+    if isinstance(content, list):  # text parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    calls = [(c.get("function", {}).get("name"), c.get("function", {}).get("arguments"))
+             for c in message.get("tool_calls") or []]
+    return {"role": message.get("role"), "content": content or "", "tool_calls": calls}
+
+
+def _reply(call) -> dict:
+    if not call.choices:
+        return {"role": "assistant", "content": "", "tool_calls": []}
+    return _plain({"role": "assistant", "content": call.choices[0].content, "tool_calls": call.choices[0].tool_calls})
+
+
+def _line(m: dict) -> str:
+    calls = "".join(f"\n  -> {name}({arguments})" for name, arguments in m["tool_calls"])
+    return f"{m['role']}: {m['content']}{calls}"
 
 
 def _messages(e: AgentEpisode) -> list[dict]:

@@ -20,6 +20,10 @@ bounded verifiers.
 question and the answer, ``P(yes) / (P(yes) + P(no))`` with ``P(yes)`` summed over the single-token
 spellings of "Yes" (and likewise "No"). No parsing, a smooth score, robust for small judges.
 
+An example with a ``trajectory`` (text: agent episodes, ``rljax.agents``, give their whole
+conversation with its tool calls and results) is judged on it instead of on the completion: RULER
+scores whole trajectories, not their last reply.
+
 The judge is any model ``rljax.models.load`` reads (``model``; default the run's base model, which
 the trainer passes as ``base_model``, else the embedded SmolLM2). Judging is batched
 (``batch_size`` prompts per jitted call, widths bucketed); the first attempt decodes greedily, so it
@@ -346,6 +350,7 @@ def make_judge_reward(*, mode: str = "group", model: str | None = None, base_mod
         if len(completions) != len(examples):
             raise ValueError(f"got {len(completions)} completions but {len(examples)} examples")
         out = np.empty(len(completions), np.float64)
+        completions = [ex.get("trajectory") or c for c, ex in zip(completions, examples)]
         if mode == "pointwise":
             conversations = [pointwise_messages(ex["prompt"], c, question=question, max_chars=max_chars)
                              for c, ex in zip(completions, examples)]

@@ -70,6 +70,13 @@ def test_retries_and_fallbacks_are_counted():
     assert judge.calls == [(4, 0.0), (3, 0.7), (2, 0.7)]
 
 
+def test_an_examples_trajectory_is_judged_instead_of_its_completion():
+    judge = ScriptedJudge({"user: go": ['{"scores": [0.2, 0.6]}']})
+    fn = build_reward("judge", {"judge": judge})
+    examples = [{"prompt": "X", "trajectory": "user: go\nassistant: 41"}, {"prompt": "X", "trajectory": "user: go\nassistant: 42"}]
+    np.testing.assert_array_equal(fn(["41", "42"], examples), [0.2, 0.6])  # keyed by the trajectory's first line
+
+
 def test_the_reward_groups_by_prompt_saves_replies_and_reports_counts():
     judge = ScriptedJudge({"x1": ['{"scores": [0.1, 0.9]}'], "y1": ["?", "?"]})
     fn = build_reward("judge", {"retries": 1, "fallback": None, "judge": judge})

@@ -133,7 +133,7 @@ def test_episodes_that_return_none_are_scored_by_the_rewards_on_their_last_reply
 
     episodes = [one("abcd", None), one("ab", 0.9), one("?", None), _episode({"prompt": "t"}, None, [], error="E: x")]
     score_episodes(episodes, rewards)
-    assert seen == [(["abcd", "ab", "?"], ["t", "t", "t"])]
+    assert seen == [(["abcd", "ab", "?"], ["t", "t", "t"])]  # the last replies: what answer/python rewards check
     assert seen_ids == [[4], [4], [4]]  # the last reply's ids, as a completion's  # a group judge sees every unfailed episode
     assert episodes[0].reward == 0.4 and episodes[0].scored_by == "rewards"
     assert episodes[1].reward == 0.9 and episodes[1].scored_by == "agent"  # what the agent returned wins
@@ -141,6 +141,41 @@ def test_episodes_that_return_none_are_scored_by_the_rewards_on_their_last_reply
     lone = [one("abc", None)]
     score_episodes(lone, None)
     assert lone[0].failed and "returned None" in lone[0].error
+
+
+def test_the_transcript_holds_every_turn_once_and_marks_a_rewritten_history():
+    system, user = {"role": "system", "content": "Use tools."}, {"role": "user", "content": "What is 2*3+4?"}
+    mult = {"id": "c1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}
+    first = call([1], choice([5], [-1.0], content=None, tool_calls=[mult]), messages=[system, user])
+    said = {"role": "assistant", "content": None, "tool_calls": [mult]}
+    second = call([1, 5, 6], choice([7], [-1.0], text="<answer>10</answer>"),
+                  messages=[system, user, said, {"role": "tool", "tool_call_id": "c1", "content": "6"}])
+    rewritten = call([9], choice([8], [-1.0], text="<answer>10</answer>"),
+                     messages=[system, {"role": "user", "content": "What is 2*3+4?\nResults so far: 6"}])
+    assert _episode({"prompt": "t"}, None, [first, second]).transcript == (
+        "system: Use tools.\nuser: What is 2*3+4?\nassistant: \n  -> multiply({\"a\": 2, \"b\": 3})\n"
+        "tool: 6\nassistant: <answer>10</answer>")
+    text = _episode({"prompt": "t"}, None, [first, rewritten]).transcript
+    assert text.endswith("[call 2: the agent rewrote its history]\nsystem: Use tools.\n"
+                         "user: What is 2*3+4?\nResults so far: 6\nassistant: <answer>10</answer>")
+
+
+def test_the_rewards_see_each_episodes_trajectory_and_a_task_without_a_prompt_is_grouped_by_its_json():
+    examples = []
+
+    def rewards(completions, exs):
+        examples.extend(exs)
+        return RewardOutput(np.ones(len(completions)), {"judge": np.ones(len(completions))}, np.zeros(len(completions), bool))
+
+    turns = [call([1], choice([3], [-1.0], text="first"), messages=[{"role": "user", "content": "go"}]),
+             call([2], choice([4], [-1.0], text="last"), messages=[{"role": "user", "content": "go"},
+                                                                   {"role": "assistant", "content": "first"},
+                                                                   {"role": "user", "content": "more"}])]
+    episodes = [_episode({"a": 1, "b": 2}, None, turns), _episode({"b": 2, "a": 1}, None, turns)]
+    score_episodes(episodes, rewards)
+    assert [e["trajectory"] for e in examples] == ["user: go\nassistant: first\nuser: more\nassistant: last"] * 2
+    assert examples[0]["prompt"] == examples[1]["prompt"] == '{"a": 1, "b": 2}'
+    assert all(e.reward == 1.0 for e in episodes)
 
 
 def test_load_agent_names_the_key_and_the_problem(tmp_path):
