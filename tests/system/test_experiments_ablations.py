@@ -11,12 +11,13 @@ from tests.integration.test_sweep import FakeRunner
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from experiments import ablate_grpo_normalisation, ablate_kl_placement  # noqa: E402
+from experiments import ablate_grpo_normalisation, ablate_kl_placement, ablate_sampler_engine  # noqa: E402
 
 
 @pytest.mark.parametrize("module,baseline,other", [
     (ablate_grpo_normalisation, "reduction=token_mean", "reduction=seq_mean_token_mean"),
     (ablate_kl_placement, "kl_placement=loss", "kl_placement=reward"),
+    (ablate_sampler_engine, "engine=static", "engine=paged"),
 ])
 def test_smoke_preset_writes_its_table(module, baseline, other, tmp_path):
     runner = FakeRunner()
