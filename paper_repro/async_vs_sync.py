@@ -34,6 +34,7 @@ on a CPU.
 Command:
     python paper_repro/async_vs_sync.py            # default preset, seeds 0 1 2
     python paper_repro/async_vs_sync.py --smoke    # seconds, for tests
+    python paper_repro/async_vs_sync.py --lr 3e-4 --out runs/paper_repro/async_vs_sync/lr3e-4   # larger steps
     python paper_repro/async_vs_sync.py --full --rollout-devices 4   # disaggregated, an 8-device host
     python paper_repro/async_vs_sync.py --full --plan h100-1         # does it fit? (rljax plan, no GPU)
 Writes runs/paper_repro/async_vs_sync/<preset>/: results.md, curves.json, async_vs_sync.png (reward
@@ -146,7 +147,13 @@ def main(argv=None) -> dict:
     if "--rollout-devices" in argv:
         i = argv.index("--rollout-devices")
         rollout_devices, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    lr = None
+    if "--lr" in argv:  # the RL learning rate instead of the preset's (a larger step per version)
+        i = argv.index("--lr")
+        lr, argv = float(argv[i + 1]), argv[:i] + argv[i + 2:]
     run = ap.setup(NAME, __doc__.splitlines()[0], argv, PRESETS)
+    if lr is not None:
+        run.p = dict(run.p, lr=lr)
     preset, out, p, seeds, log = run.preset, run.out, run.p, run.seeds, run.log
     spec, policy_stats = run.spec, run.policy_stats
     table_methods = methods(p["stalenesses"])
@@ -177,7 +184,8 @@ def main(argv=None) -> dict:
         description=(
             f"Tiny byte-level Llama ({spec.layers} layers, width {spec.hidden}) pretrained here on {spec.digits}-digit "
             f"additions; accuracy at temperature 1 before RL {policy_stats.get('accuracy', float('nan')):.3f}. "
-            f"{run.steps} GRPO steps of {p['prompts']} prompts x {p['group']} samples, seeds {list(seeds)}. Values: "
+            f"{run.steps} GRPO steps of {p['prompts']} prompts x {p['group']} samples, learning rate {run.p['lr']}, "
+            f"seeds {list(seeds)}. Values: "
             f"mean over the last {w} steps, mean ± std over seeds. Colocated on this host unless "
             f"--rollout-devices was given ({rollout_devices})."),
         table=markdown_table(headers, rows), verdict=verdict(per_seed, p["stalenesses"]),

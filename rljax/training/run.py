@@ -285,29 +285,42 @@ def build_state(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_re
     return RunState(tokenizer, model.config, policy, ref_params, critic_state)
 
 
-def run_mesh(cfg: RunConfig):
-    """The run's device mesh from ``cfg.mesh`` over every device of the runtime (all processes), less
-    the first ``mesh.rollout_devices`` (:func:`rollout_mesh`); a size that does not fit the device
-    count is a ``ConfigError`` naming ``mesh`` (``mesh.rollout_devices`` when those devices are set aside)."""
+def split_devices(cfg: RunConfig, devices) -> tuple[list, list]:
+    """``(rollout devices, training devices)`` of ``devices`` under ``mesh.rollout_devices``: the first
+    N generate, the rest train (N null: none set aside); a ``ConfigError`` naming the key when none
+    would be left to train. ``run_mesh`` and ``rljax plan`` split the same way."""
+    devices, n = list(devices), cfg.mesh.rollout_devices or 0
+    if n and n >= len(devices):
+        raise ConfigError("mesh.rollout_devices", f"{n} rollout device(s) leave no training device: there are "
+                                                  f"{len(devices)} device(s)")
+    return devices[:n], devices[n:]
+
+
+def training_mesh(cfg: RunConfig, devices, *, counted: str = "jax sees"):
+    """The ``('data', 'fsdp', 'tensor')`` mesh of ``cfg.mesh`` over the training devices of ``devices``
+    (:func:`split_devices`); a size that does not fit is a ``ConfigError`` naming ``mesh``
+    (``mesh.rollout_devices`` when devices were set aside for generation), whose message says the
+    devices were ``counted`` (the runtime's, or a plan target's)."""
     m = cfg.mesh
-    devices, n = jax.devices(), m.rollout_devices
-    if n:
-        if jax.process_count() > 1:
-            raise ConfigError("mesh.rollout_devices", "disaggregated generation runs in one process; this run has "
-                                                      f"{jax.process_count()} processes (set it to null)")
-        if n >= len(devices):
-            raise ConfigError("mesh.rollout_devices", f"{n} rollout device(s) leave no training device: jax sees "
-                                                      f"{len(devices)} device(s)")
+    rollout, train = split_devices(cfg, devices)
     try:
-        mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices[n or 0:])
+        return make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=train)
     except ValueError as err:
-        if n:
-            raise ConfigError("mesh.rollout_devices", f"{n} rollout device(s) leave {len(devices) - n} of "
-                                                      f"{len(devices)} for training, which the training mesh "
-                                                      f"(data={m.data}, fsdp={m.fsdp}, tensor={m.tensor}) does "
+        if rollout:
+            raise ConfigError("mesh.rollout_devices", f"{len(rollout)} rollout device(s) leave {len(train)} of "
+                                                      f"{len(rollout) + len(train)} for training, which the training "
+                                                      f"mesh (data={m.data}, fsdp={m.fsdp}, tensor={m.tensor}) does "
                                                       f"not divide: {err}") from None
-        raise ConfigError("mesh", f"{err} (jax sees {jax.device_count()} device(s): "
-                                  f"{jax.devices()[0].platform})") from None
+        raise ConfigError("mesh", f"{err} ({counted} {len(train)} device(s): {train[0].platform})") from None
+
+
+def run_mesh(cfg: RunConfig):
+    """The run's device mesh (:func:`training_mesh`) over every device of the runtime (all processes),
+    less the first ``mesh.rollout_devices`` (:func:`rollout_mesh`)."""
+    if cfg.mesh.rollout_devices and jax.process_count() > 1:
+        raise ConfigError("mesh.rollout_devices", "disaggregated generation runs in one process; this run has "
+                                                  f"{jax.process_count()} processes (set it to null)")
+    mesh = training_mesh(cfg, jax.devices())
     if mesh.size > 1 and jax.process_index() == 0:
         sizes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
         print(f"mesh {sizes} over {mesh.size} {jax.devices()[0].platform} devices"
@@ -316,11 +329,12 @@ def run_mesh(cfg: RunConfig):
     return mesh
 
 
-def rollout_mesh(cfg: RunConfig):
-    """Disaggregated placement: a mesh over the first ``mesh.rollout_devices`` devices, every one on
-    ``fsdp`` (the sampler's batch and parameters split over them), or None (colocated)."""
-    n = cfg.mesh.rollout_devices
-    return make_mesh(fsdp=n, devices=jax.devices()[:n]) if n else None
+def rollout_mesh(cfg: RunConfig, devices=None):
+    """Disaggregated placement: a mesh over the first ``mesh.rollout_devices`` of ``devices`` (default
+    ``jax.devices()``), every one on ``fsdp`` (the sampler's batch and parameters split over them), or
+    None (colocated)."""
+    rollout, _ = split_devices(cfg, jax.devices() if devices is None else devices)
+    return make_mesh(fsdp=len(rollout), devices=rollout) if rollout else None
 
 
 def build_run(cfg: RunConfig, *, value_head: bool, total_updates: int, keep_reference: bool = False,

@@ -138,15 +138,17 @@ def _count(state) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
 
 
-def _mesh(cfg, devices):
-    from rljax.sharding import make_mesh
+def algo_is_online(cfg) -> bool:
+    from rljax.training.spec import run_spec
 
-    m = cfg.mesh
-    try:
-        return make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
-    except ValueError as err:
-        raise UserError(f"mesh.data={m.data} mesh.fsdp={m.fsdp} mesh.tensor={m.tensor} on {len(devices)} devices: "
-                        f"{err}") from None
+    return run_spec(cfg).algorithm.online
+
+
+def _placed(tree, mesh, rules):
+    """``tree`` (shape-dtype structs) as ``sampler_weights`` places it on ``mesh`` by the rules."""
+    from rljax.sharding import param_shardings
+
+    return jax.tree.map(lambda x, sh: _spec(x.shape, x.dtype, sh), tree, param_shardings(tree, mesh, rules))
 
 
 def _check_batch_split(rows: int, mesh, what: str) -> None:
@@ -161,13 +163,15 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
 
     ``memory_bytes`` overrides the chip's memory (what the fit check compares against)."""
     from rljax.sharding import replicated, use_mesh
-    from rljax.training.run import build_state
+    from rljax.training.run import build_state, rollout_mesh, training_mesh
     from rljax.training.spec import run_spec
     from rljax.rollout import packing_group
 
     target = get_target(target_name)
     devices = target_devices(target)
-    mesh = _mesh(cfg, devices)
+    mesh = training_mesh(cfg, devices, counted=f"{target.name} has")
+    # disaggregated (mesh.rollout_devices): the first devices generate on a mesh of their own, as the trainer does
+    gen_mesh = (rollout_mesh(cfg, devices) if algo_is_online(cfg) else None) or mesh
     rules = cfg.mesh.rule_table()
     spec = run_spec(cfg)
     algo, a = spec.algorithm, cfg.algorithm
@@ -229,11 +233,21 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     score_values, (*split, batch), {},
                     analytic_flops(critic_config if separate else config, P + N, R, passes=1.0, with_head=False),
                     state=split[1:]))
-            if cfg.sampling.engine == "paged":
-                programs += _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules,
-                                    memory - resident)
-            else:
-                programs.append(_sampler(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules))
+            gen_params, gen_frozen, gen_free = params, frozen, memory - resident
+            if gen_mesh is not mesh:  # the sampler's copy, resharded onto the rollout devices after each update
+                gen_params, gen_frozen = _placed(params, gen_mesh, rules), _placed(frozen, gen_mesh, rules)
+                gen_resident = _chip_bytes((gen_params, gen_frozen))
+                gen_free = memory - gen_resident
+                _check_batch_split(R, gen_mesh, "algorithm.prompts_per_step × group_size (on mesh.rollout_devices)")
+            with use_mesh(gen_mesh, rules):
+                if cfg.sampling.engine == "paged":
+                    generation = _engine(cfg, config, graphdef, gen_params, gen_frozen, R, P, N, gen_mesh, rules,
+                                         gen_free)
+                else:
+                    generation = [_sampler(cfg, config, graphdef, gen_params, gen_frozen, R, P, N, gen_mesh, rules)]
+            for g in generation:
+                g.generation = True
+            programs += generation
         else:
             B, P, N = spec.rows, _prompt_width(cfg), spec.completion_length
             _check_batch_split(B, mesh, "algorithm.batch_size")
@@ -256,13 +270,22 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                     "scoring", f"score_batch: reference log-probs of [{E} rows × {K} completions, {P}+{N} tokens]",
                     score_batch, (graphdef, params, frozen, eval_batch), dict(algorithm=a.name),
                     analytic_flops(config, P + N, E * K, passes=1.0), state=(params, frozen)))
+    apart = gen_mesh is not mesh
     for p in programs:
-        p.resident_bytes = resident
-        _roofline(p, target.spec, target.num_devices)
+        on_rollout = apart and p.generation
+        p.resident_bytes = gen_resident if on_rollout else resident
+        p.devices = (gen_mesh if on_rollout else mesh).size
+        _roofline(p, target.spec, p.devices)
         p.in_step = algo.online or p.name == "update"
     report = PlanReport(target, memory, dict(mesh.shape), cfg.model.name, _count(params) + _count(frozen),
                         _count(params), programs, replication_fallbacks(params, mesh, rules)
                         + replication_fallbacks(frozen, mesh, rules), [])
+    if apart:
+        report.rollout_devices = gen_mesh.size
+        # what the trainer sends after each update (rljax.training.asynchronous.sampler_weights): the
+        # trainable parameters; the frozen ones are placed once
+        report.weight_sync_bytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+                                       for x in jax.tree.leaves(params))
     report.advice = _advice(report, cfg)
     return report
 

@@ -35,6 +35,8 @@ class ProgramReport:
     compile_s: float = 0.0  # seconds this machine took to lower and compile it
     state_arg_bytes: int = 0  # of the arguments, the run's persistent state (parameters, optimizer state)
     resident_bytes: int = 0  # all of the run's persistent state on a chip (set by plan_run)
+    generation: bool = False  # the sampler's or the engine's program
+    devices: int = 0  # the devices it runs on (0: all of the target's; set by plan_run)
 
     @property
     def step_flops(self) -> float:
@@ -65,6 +67,8 @@ class PlanReport:
     programs: list[ProgramReport]
     replicated: list[str]
     advice: list[str]
+    rollout_devices: int = 0  # mesh.rollout_devices: generation on the first ones (0: colocated)
+    weight_sync_bytes: int = 0  # disaggregated: the parameters resharded to the rollout devices per update
 
     @property
     def fits(self) -> bool:
@@ -78,7 +82,8 @@ class PlanReport:
         return {"target": self.target.name, "num_devices": self.target.num_devices, "chip": dataclasses.asdict(
                     self.target.spec), "memory_bytes": self.memory_bytes, "mesh": self.mesh_shape, "model": self.model,
                 "num_params": self.num_params, "trainable_params": self.trainable_params, "fits": self.fits,
-                "programs": programs, "replicated": self.replicated, "advice": self.advice}
+                "programs": programs, "replicated": self.replicated, "advice": self.advice,
+                "rollout_devices": self.rollout_devices, "weight_sync_bytes": self.weight_sync_bytes}
 
 
 def _roofline(p: ProgramReport, spec: ChipSpec, n: int) -> None:
@@ -168,6 +173,12 @@ def format_report(report: PlanReport) -> str:
              f"{count_text(report.trainable_params)}",
              f"chip: {_gib(report.memory_bytes)} memory, {spec.peak_flops / 1e12:.4g} TFLOP/s bf16 peak, "
              f"{spec.memory_bandwidth / 1e9:.4g} GB/s (source: {spec.source})"]
+    if report.rollout_devices:
+        lines.append(f"disaggregated (mesh.rollout_devices={report.rollout_devices}): generation on devices "
+                     f"0-{report.rollout_devices - 1} (fsdp={report.rollout_devices}), the update on the other "
+                     f"{n - report.rollout_devices} (mesh above); {_gib(report.weight_sync_bytes)} of parameters "
+                     "resharded to the rollout devices after each update (the frozen ones placed once). The rollout "
+                     "programs' resident state is the sampler's copy of the weights")
     if t.platform == "cuda":
         lines.append(f"GPU memory for the fit: {_gib(report.memory_bytes)} of the GPU's {_gib(spec.memory_bytes)} "
                      "(the share JAX's allocator takes: XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75; or "
@@ -196,14 +207,23 @@ def format_report(report: PlanReport) -> str:
     for p in report.programs:
         if p.oom:
             continue
-        analytic = p.analytic_flops / n
-        mfu = p.step_flops / n / spec.peak_flops / p.time_s if p.time_s else 0.0
+        d = p.devices or n
+        analytic = p.analytic_flops / d
+        mfu = p.step_flops / d / spec.peak_flops / p.time_s if p.time_s else 0.0
         coll = ", ".join(f"{k} {v}" for k, v in p.collectives.items()) or "none"
-        lines.append(f"| {p.name} | {_tflop(p.flops)} | {_tflop(analytic)} | {_seconds(p.time_s)} | {p.bound} | "
-                     f"{mfu:.0%} | {coll} |")
+        lines.append(f"| {p.name}{' (rollout devices)' if report.rollout_devices and p.generation else ''} | "
+                     f"{_tflop(p.flops)} | {_tflop(analytic)} | {_seconds(p.time_s)} | {p.bound} | {mfu:.0%} | {coll} |")
         if p.in_step:
             step_time, step_flops = step_time + p.time_s, step_flops + p.step_flops
-    if step_time and not any(p.oom for p in report.programs):
+    if report.rollout_devices and not any(p.oom for p in report.programs):
+        gen = sum(p.time_s for p in report.programs if p.generation and p.in_step)
+        train = sum(p.time_s for p in report.programs if not p.generation and p.in_step)
+        lines.append(f"| **one step, overlapped** | | | {_seconds(max(gen, train))} | "
+                     f"{'generation' if gen >= train else 'update'} | | |")
+        lines.append(f"(disaggregated: generation {_seconds(gen)} on {report.rollout_devices} devices overlaps the "
+                     f"update's {_seconds(train)} on {n - report.rollout_devices}; the step is the longer, when "
+                     "train.max_staleness lets the next batch be generated during the update)")
+    elif step_time and not any(p.oom for p in report.programs):
         lines.append(f"| **one step** | | {_tflop(step_flops / n)} | {_seconds(step_time)} | | "
                      f"{step_flops / n / spec.peak_flops / step_time:.0%} | |")
     lines += ["", "Programs: " + "; ".join(f"{p.name} = {p.what} (compiled in {p.compile_s:.0f} s)"
