@@ -105,6 +105,109 @@ def tasks(n: int, split: str) -> list[dict]:
     return out
 
 
+_TASK = re.compile(r"What is (\d+) \* (\d+) \+ (\d+)\?")
+
+
+def demonstration(task: dict) -> list[dict]:
+    """The two-tool chain for ``task`` as the OpenAI messages ``run`` sends and receives (its replies
+    as the server returns them: no content, one tool call each), ending with ``<answer>N</answer>``."""
+    a, b, c = map(int, _TASK.fullmatch(task["prompt"]).groups())
+
+    def call(i, name, x, y):
+        return {"role": "assistant", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+            "name": name, "arguments": json.dumps({"a": x, "b": y})}}]}
+
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["prompt"]},
+            call(0, "multiply", a, b), {"role": "tool", "tool_call_id": "call_0", "content": str(a * b)},
+            call(1, "add", a * b, c), {"role": "tool", "tool_call_id": "call_1", "content": str(a * b + c)},
+            {"role": "assistant", "content": f"<answer>{a * b + c}</answer>"}]
+
+
+def sft_messages(tokenizer, demo: list[dict]) -> list[dict]:
+    """``demo`` as a ``messages`` transcript for ``rljax.data.transcripts`` whose every turn renders as
+    the server renders the agent's conversation (``rljax.serve.protocol.chat_prompt``): for a template
+    that does not render tools, the tool listing in the system message and each call as a
+    ``<tool_call>`` block, the form the model must emit; a template that renders tools is refused
+    (its transcripts would need the template's own ``tools=``, which the SFT loader does not pass)."""
+    import types
+
+    from rljax.environments.base import template_renders_tools
+    from rljax.environments.tools import tool_system_prompt
+
+    if template_renders_tools(tokenizer):
+        raise ValueError("this tokenizer's chat template renders tools itself: the SFT transcripts here are "
+                         "written for templates that do not (SmolLM2's)")
+    out = []
+    for m in demo:
+        if m["role"] == "system":
+            listed = [types.SimpleNamespace(schema=t) for t in TOOLS]
+            out.append({"role": "system", "content": tool_system_prompt(listed, m["content"])})
+        elif m.get("tool_calls"):
+            out.append({"role": "assistant", "content": (m.get("content") or "") + "".join(
+                "<tool_call>" + json.dumps({"name": c["function"]["name"],
+                                            "arguments": json.loads(c["function"]["arguments"])}) + "</tool_call>"
+                for c in m["tool_calls"])})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content", "tool_call_id")})
+    return out
+
+
+def check_demonstration(tokenizer, demo: list[dict]) -> dict:
+    """Raises ``AssertionError`` unless the SFT transcript of ``demo`` is what the agent sees and
+    emits: before each assistant turn the transcript's text and tokens equal the server's prompt for
+    the same conversation, and each assistant turn parses back (the server's tool-call parser) into
+    the demonstrated calls, the last into a reply scoring 1.0. Returns the token counts."""
+    from rljax.data.transcripts import assistant_pieces, transcript_tokens
+    from rljax.serve.protocol import ChatRequest, chat_prompt, tool_message
+
+    messages = sft_messages(tokenizer, demo)
+    pieces = assistant_pieces(tokenizer, messages)
+    ids, mask = transcript_tokens(tokenizer, messages)
+    turns = [i for i, m in enumerate(demo) if m["role"] == "assistant"]
+    replies = [text for text, is_assistant in pieces if is_assistant]
+    assert len(replies) == len(turns), (len(replies), len(turns))
+    context, at, n_prompt = "", 0, []
+    k = 0
+    for text, is_assistant in pieces:
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if is_assistant:
+            server, _ = chat_prompt(tokenizer, ChatRequest(model="policy", messages=demo[:turns[k]], tools=TOOLS))
+            assert context == server, f"turn {k}: the SFT context differs from the server's prompt"
+            server_ids = list(tokenizer(server, add_special_tokens=False)["input_ids"])
+            assert ids[:at] == server_ids, f"turn {k}: the SFT context's tokens differ from the server's prompt's"
+            n_prompt.append(len(server_ids))
+            want = demo[turns[k]]
+            eot = text.rstrip()
+            for stop in (tokenizer.eos_token or "", "<|im_end|>"):
+                if stop and eot.endswith(stop):
+                    eot = eot[:-len(stop)]
+            reply, errors = tool_message(eot, TOOLS)
+            assert not errors, errors
+            if want.get("tool_calls"):
+                got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply["tool_calls"]]
+                assert got == [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                               for c in want["tool_calls"]], got
+            else:
+                assert "tool_calls" not in reply and reply["content"] == want["content"], reply
+            k += 1
+        context += text
+        at += n
+    return {"prompt_tokens": n_prompt, "assistant_tokens": int(sum(mask)), "tokens": len(ids)}
+
+
+def make_sft(tokenizer, n: int, out: str) -> str:
+    """Writes ``n`` checked demonstrations of train tasks to ``out/train.jsonl`` (a ``messages``
+    column, the SFT loader's) and the held-out tasks' to ``out/eval.jsonl``; returns ``out``."""
+    os.makedirs(out, exist_ok=True)
+    for split, rows in (("train", tasks(n, "train")), ("eval", tasks(64, "eval"))):
+        with open(os.path.join(out, f"{split}.jsonl"), "w") as f:
+            for t in rows:
+                demo = demonstration(t)
+                check_demonstration(tokenizer, demo)
+                f.write(json.dumps({"messages": sft_messages(tokenizer, demo), **t}) + "\n")
+    return out
+
+
 def measure(model_name: str, n: int, max_new_tokens: int, concurrency: int) -> dict:
     from rljax.agents import AgentServer, agent_metrics, run_agent_episodes
     from rljax.inference import Engine
