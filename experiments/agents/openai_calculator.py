@@ -284,6 +284,9 @@ def main(argv=None) -> None:
     p.add_argument("--measure", action="store_true")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--make-sft", action="store_true",
+                   help="write --n checked demonstrations of train tasks (and the 64 held-out) to --sft-dir")
+    p.add_argument("--sft-dir", default="runs/data/openai_calculator_sft")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=96)
@@ -296,6 +299,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.train:
         train(args.seed, args.steps, args.run_dir)
+        return
+    if args.make_sft:
+        from rljax.models import load
+        out = make_sft(load(args.model)[1], args.n, args.sft_dir)
+        print(f"wrote {args.n} train and 64 held-out demonstrations to {out}")
         return
     if args.smoke:
         from tests._tiny import make_tiny_model_dir
