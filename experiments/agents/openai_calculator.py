@@ -7,6 +7,8 @@ does the policy do with it before any training, and do its calls join into one t
     python experiments/agents/openai_calculator.py --measure          # base model, held-out tasks
     python experiments/agents/openai_calculator.py --smoke            # a tiny random model (seconds)
     python experiments/agents/openai_calculator.py --train --seed 0   # GRPO with environment: {type: agent}
+    python experiments/agents/openai_calculator.py --make-sft --n 64  # warm-start demonstrations
+    rljax train configs/sft_openai_calculator_smollm2.yaml            # SFT (LoRA) on them
 
 Two agents (the module's ``run`` and ``run_rewriting``): ``run`` appends every reply and tool result
 to its conversation (its calls join into one sequence); ``run_rewriting`` keeps its own notes and
@@ -17,6 +19,13 @@ reward). Reward: 1.0 when the final reply's ``<answer>N</answer>`` (or last numb
 experiments/results/agents_openai_calculator.md: success, calls, tool calls parsed / failed, and
 transitions per episode for each agent. ``--train`` trains ``run`` with GRPO (LoRA); its measured
 results, if any, are recorded in that file by hand.
+
+The base model never calls a tool, so GRPO needs a warm start: ``--make-sft`` writes demonstrations of
+the chain (``demonstration``) as SFT transcripts (``sft_messages``), each checked
+(``check_demonstration``) to render, before every assistant turn, to the same text and tokens as the
+server's prompt for that conversation, and to parse back with the server's tool-call parser into the
+demonstrated calls and answer: a warm start on any other prompt format teaches the model nothing the
+agent will see.
 """
 
 from __future__ import annotations
