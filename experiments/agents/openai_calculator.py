@@ -7,6 +7,8 @@ does the policy do with it before any training, and do its calls join into one t
     python experiments/agents/openai_calculator.py --measure          # base model, held-out tasks
     python experiments/agents/openai_calculator.py --smoke            # a tiny random model (seconds)
     python experiments/agents/openai_calculator.py --train --seed 0   # GRPO with environment: {type: agent}
+    python experiments/agents/openai_calculator.py --make-sft --n 64  # warm-start demonstrations
+    rljax train configs/sft_openai_calculator_smollm2.yaml            # SFT (LoRA) on them
 
 Two agents (the module's ``run`` and ``run_rewriting``): ``run`` appends every reply and tool result
 to its conversation (its calls join into one sequence); ``run_rewriting`` keeps its own notes and
@@ -17,6 +19,13 @@ reward). Reward: 1.0 when the final reply's ``<answer>N</answer>`` (or last numb
 experiments/results/agents_openai_calculator.md: success, calls, tool calls parsed / failed, and
 transitions per episode for each agent. ``--train`` trains ``run`` with GRPO (LoRA); its measured
 results, if any, are recorded in that file by hand.
+
+The base model never calls a tool, so GRPO needs a warm start: ``--make-sft`` writes demonstrations of
+the chain (``demonstration``) as SFT transcripts (``sft_messages``), each checked
+(``check_demonstration``) to render, before every assistant turn, to the same text and tokens as the
+server's prompt for that conversation, and to parse back with the server's tool-call parser into the
+demonstrated calls and answer: a warm start on any other prompt format teaches the model nothing the
+agent will see.
 """
 
 from __future__ import annotations
@@ -105,6 +114,109 @@ def tasks(n: int, split: str) -> list[dict]:
     return out
 
 
+_TASK = re.compile(r"What is (\d+) \* (\d+) \+ (\d+)\?")
+
+
+def demonstration(task: dict) -> list[dict]:
+    """The two-tool chain for ``task`` as the OpenAI messages ``run`` sends and receives (its replies
+    as the server returns them: no content, one tool call each), ending with ``<answer>N</answer>``."""
+    a, b, c = map(int, _TASK.fullmatch(task["prompt"]).groups())
+
+    def call(i, name, x, y):
+        return {"role": "assistant", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+            "name": name, "arguments": json.dumps({"a": x, "b": y})}}]}
+
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["prompt"]},
+            call(0, "multiply", a, b), {"role": "tool", "tool_call_id": "call_0", "content": str(a * b)},
+            call(1, "add", a * b, c), {"role": "tool", "tool_call_id": "call_1", "content": str(a * b + c)},
+            {"role": "assistant", "content": f"<answer>{a * b + c}</answer>"}]
+
+
+def sft_messages(tokenizer, demo: list[dict]) -> list[dict]:
+    """``demo`` as a ``messages`` transcript for ``rljax.data.transcripts`` whose every turn renders as
+    the server renders the agent's conversation (``rljax.serve.protocol.chat_prompt``): for a template
+    that does not render tools, the tool listing in the system message and each call as a
+    ``<tool_call>`` block, the form the model must emit; a template that renders tools is refused
+    (its transcripts would need the template's own ``tools=``, which the SFT loader does not pass)."""
+    import types
+
+    from rljax.environments.base import template_renders_tools
+    from rljax.environments.tools import tool_system_prompt
+
+    if template_renders_tools(tokenizer):
+        raise ValueError("this tokenizer's chat template renders tools itself: the SFT transcripts here are "
+                         "written for templates that do not (SmolLM2's)")
+    out = []
+    for m in demo:
+        if m["role"] == "system":
+            listed = [types.SimpleNamespace(schema=t) for t in TOOLS]
+            out.append({"role": "system", "content": tool_system_prompt(listed, m["content"])})
+        elif m.get("tool_calls"):
+            out.append({"role": "assistant", "content": (m.get("content") or "") + "".join(
+                "<tool_call>" + json.dumps({"name": c["function"]["name"],
+                                            "arguments": json.loads(c["function"]["arguments"])}) + "</tool_call>"
+                for c in m["tool_calls"])})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content", "tool_call_id")})
+    return out
+
+
+def check_demonstration(tokenizer, demo: list[dict]) -> dict:
+    """Raises ``AssertionError`` unless the SFT transcript of ``demo`` is what the agent sees and
+    emits: before each assistant turn the transcript's text and tokens equal the server's prompt for
+    the same conversation, and each assistant turn parses back (the server's tool-call parser) into
+    the demonstrated calls, the last into a reply scoring 1.0. Returns the token counts."""
+    from rljax.data.transcripts import assistant_pieces, transcript_tokens
+    from rljax.serve.protocol import ChatRequest, chat_prompt, tool_message
+
+    messages = sft_messages(tokenizer, demo)
+    pieces = assistant_pieces(tokenizer, messages)
+    ids, mask = transcript_tokens(tokenizer, messages)
+    turns = [i for i, m in enumerate(demo) if m["role"] == "assistant"]
+    replies = [text for text, is_assistant in pieces if is_assistant]
+    assert len(replies) == len(turns), (len(replies), len(turns))
+    context, at, n_prompt = "", 0, []
+    k = 0
+    for text, is_assistant in pieces:
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if is_assistant:
+            server, _ = chat_prompt(tokenizer, ChatRequest(model="policy", messages=demo[:turns[k]], tools=TOOLS))
+            assert context == server, f"turn {k}: the SFT context differs from the server's prompt"
+            server_ids = list(tokenizer(server, add_special_tokens=False)["input_ids"])
+            assert ids[:at] == server_ids, f"turn {k}: the SFT context's tokens differ from the server's prompt's"
+            n_prompt.append(len(server_ids))
+            want = demo[turns[k]]
+            eot = text.rstrip()
+            for stop in (tokenizer.eos_token or "", "<|im_end|>"):
+                if stop and eot.endswith(stop):
+                    eot = eot[:-len(stop)]
+            reply, errors = tool_message(eot, TOOLS)
+            assert not errors, errors
+            if want.get("tool_calls"):
+                got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply["tool_calls"]]
+                assert got == [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                               for c in want["tool_calls"]], got
+            else:
+                assert "tool_calls" not in reply and reply["content"] == want["content"], reply
+            k += 1
+        context += text
+        at += n
+    return {"prompt_tokens": n_prompt, "assistant_tokens": int(sum(mask)), "tokens": len(ids)}
+
+
+def make_sft(tokenizer, n: int, out: str) -> str:
+    """Writes ``n`` checked demonstrations of train tasks to ``out/train.jsonl`` (a ``messages``
+    column, the SFT loader's) and the held-out tasks' to ``out/eval.jsonl``; returns ``out``."""
+    os.makedirs(out, exist_ok=True)
+    for split, rows in (("train", tasks(n, "train")), ("eval", tasks(64, "eval"))):
+        with open(os.path.join(out, f"{split}.jsonl"), "w") as f:
+            for t in rows:
+                demo = demonstration(t)
+                check_demonstration(tokenizer, demo)
+                f.write(json.dumps({"messages": sft_messages(tokenizer, demo), **t}) + "\n")
+    return out
+
+
 def measure(model_name: str, n: int, max_new_tokens: int, concurrency: int) -> dict:
     from rljax.agents import AgentServer, agent_metrics, run_agent_episodes
     from rljax.inference import Engine
@@ -181,6 +293,9 @@ def main(argv=None) -> None:
     p.add_argument("--measure", action="store_true")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--make-sft", action="store_true",
+                   help="write --n checked demonstrations of train tasks (and the 64 held-out) to --sft-dir")
+    p.add_argument("--sft-dir", default="runs/data/openai_calculator_sft")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=96)
@@ -193,6 +308,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.train:
         train(args.seed, args.steps, args.run_dir)
+        return
+    if args.make_sft:
+        from rljax.models import load
+        out = make_sft(load(args.model)[1], args.n, args.sft_dir)
+        print(f"wrote {args.n} train and 64 held-out demonstrations to {out}")
         return
     if args.smoke:
         from tests._tiny import make_tiny_model_dir
