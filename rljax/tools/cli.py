@@ -723,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *rest]
     from rljax.compile_cache import use_compilation_cache
 
-    use_compilation_cache()  # a rerun of the same shapes loads its compiled programs (docs/performance.md)
+    if args.command != "plan":  # plan compiles for other targets, ahead of time: a GPU plugin without a GPU
+        use_compilation_cache()  # cannot load its entries back; else a rerun loads its compiled programs
     if args.command in _KEEP_HOST_MEMORY:
         from rljax.host_memory import keep_host_memory
 
