@@ -138,12 +138,6 @@ def _count(state) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
 
 
-def algo_is_online(cfg) -> bool:
-    from rljax.training.spec import run_spec
-
-    return run_spec(cfg).algorithm.online
-
-
 def _placed(tree, mesh, rules):
     """``tree`` (shape-dtype structs) as ``sampler_weights`` places it on ``mesh`` by the rules."""
     from rljax.sharding import param_shardings
@@ -170,11 +164,11 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
     target = get_target(target_name)
     devices = target_devices(target)
     mesh = training_mesh(cfg, devices, counted=f"{target.name} has")
-    # disaggregated (mesh.rollout_devices): the first devices generate on a mesh of their own, as the trainer does
-    gen_mesh = (rollout_mesh(cfg, devices) if algo_is_online(cfg) else None) or mesh
     rules = cfg.mesh.rule_table()
     spec = run_spec(cfg)
     algo, a = spec.algorithm, cfg.algorithm
+    # disaggregated (mesh.rollout_devices): the first devices generate on a mesh of their own, as the trainer does
+    gen_mesh = (rollout_mesh(cfg, devices) if algo.online else None) or mesh
     lora = bool(cfg.model.lora_rank)
     memory = memory_bytes if memory_bytes is not None else (usable_memory(target) or _host_memory() // target.num_devices)
 
