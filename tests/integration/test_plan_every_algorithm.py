@@ -58,3 +58,24 @@ mesh: {{fsdp: 1}}
     assert report.num_params == TINY_PARAMS + (33 if has_head else 0)  # a value head: w [32] and b [1]
     text = format_report(report)
     assert f"parameters {report.num_params / 1e3:.3g} K" in text and "0.000 B" not in text
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_an_off_policy_correction_adds_the_trainers_pi_old_scoring_pass(model_dir, kl_coef):
+    """With ``off_policy_correction`` the trainer scores each batch under π_old before the update
+    (``rljax.training.online``'s step), a forward pass the step pays beside the reference's: the plan
+    compiles it and counts it in the step."""
+    cfg = from_yaml(RunConfig, f"""
+model: {{name: {model_dir}}}
+data: {{max_prompt_length: 16}}
+sampling: {{max_new_tokens: 16}}
+algorithm: {{name: grpo, group_size: 2, prompts_per_step: 2, kl_coef: {kl_coef}, off_policy_correction: seq_mask}}
+mesh: {{fsdp: 1}}
+rewards: {{answer: 1.0}}
+""")
+    report = plan_run(cfg, "cpu-1", memory_bytes=2 ** 34)
+    scoring = [p.what for p in report.programs if p.name == "scoring"]
+    assert [w.split(" log-probs")[0] for w in scoring] == (["score_logprobs: π_old"] + (
+        ["score_logprobs: reference"] if kl_coef else []))
+    assert "off_policy_correction: seq_mask" in scoring[0]
+    assert all(p.in_step for p in report.programs if p.name == "scoring")

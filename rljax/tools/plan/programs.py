@@ -212,6 +212,12 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, temperature=cfg.sampling.temperature,
                      num_micro=a.num_micro, num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic),
                 analytic, state=(params, frozen, opt_state, critic_state)))
+            if a.off_policy_correction != "none":  # the trainer rescores the batch under π_old (online.step_once)
+                programs.append(_compile(
+                    "scoring", f"score_logprobs: π_old log-probs of [{R} rows, {P}+{N} tokens] "
+                               f"(algorithm.off_policy_correction: {a.off_policy_correction})",
+                    score_logprobs, (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
+                    analytic_flops(config, P + N, R, passes=1.0), state=(params, frozen)))
             if algo.needs_reference(a):
                 programs.append(_compile(
                     "scoring", f"score_logprobs: reference log-probs of [{R} rows, {P}+{N} tokens]",
