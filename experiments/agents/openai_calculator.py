@@ -265,27 +265,64 @@ def write_results(results: dict, path: str, *, model_name: str, n: int, max_new_
         f.write("\n".join(lines) + "\n")
 
 
-def train(seed: int, steps: int, run_dir: str) -> None:
+def train(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-135m-instruct", lora: bool = True,
+          group_size: int = 8, prompts_per_step: int = 4, learning_rate: float = 1e-4, eval_size: int = 64,
+          agent: str = "run") -> str:
+    """GRPO on ``agent`` (``run`` or ``run_rewriting``) from ``model`` (a name or a warm-start directory,
+    e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``; held-out greedy success (the
+    ``eval_size`` eval tasks) is ``eval/reward`` before step 1 and after the last step. Returns the run
+    directory."""
     from rljax.config import from_yaml
     from rljax.run_config import RunConfig
     from rljax.training import OnlineTrainer
 
-    data = os.path.join(run_dir, "tasks.jsonl")
     os.makedirs(run_dir, exist_ok=True)
-    with open(data, "w") as f:
-        for t in tasks(512, "train"):
-            f.write(json.dumps(t) + "\n")
+    paths = {}
+    for split, n in (("train", 512), ("eval", eval_size)):  # the same held-out tasks for every seed
+        paths[split] = os.path.join(run_dir, f"{split}_tasks.jsonl")
+        with open(paths[split], "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in tasks(n, split))
     here = os.path.abspath(__file__)
+    out = os.path.join(run_dir, f"seed{seed}")
+    lora_yaml = ", lora_rank: 16, lora_alpha: 32" if lora else ""
     cfg = from_yaml(RunConfig, f"""
-model: {{name: smollm2-135m-instruct, lora: {{rank: 16, alpha: 32}}}}
-data: {{path: {data}, answer_column: answer, train_size: 448, eval_size: 64}}
-sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: 64}}
-environment: {{type: agent, function: "{here}:run", concurrency: 32, max_tokens: 1024}}
-algorithm: {{name: grpo, group_size: 8, prompts_per_step: 4}}
-optim: {{learning_rate: 1.0e-4}}
-train: {{steps: {steps}, seed: {seed}, run_dir: {run_dir}/seed{seed}, eval_every: {steps}, save_model: false}}
+model: {{name: {model}{lora_yaml}}}
+data: {{task: "", path: {paths["train"]}, eval_path: {paths["eval"]}, answer_column: answer, eval_size: {eval_size}}}
+sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: {max(group_size * prompts_per_step, eval_size)}}}
+environment: {{type: agent, function: "{here}:{agent}", concurrency: {max(group_size * prompts_per_step, eval_size)}, max_tokens: 1024}}
+algorithm: {{name: grpo, group_size: {group_size}, prompts_per_step: {prompts_per_step}}}
+optim: {{learning_rate: {learning_rate}}}
+train: {{steps: {steps}, seed: {seed}, run_dir: {out}, eval_every: {steps}, save_model: false, plot: false}}
 """)
     OnlineTrainer(cfg).fit()
+    return out
+
+
+def summarize(run_dir: str) -> dict:
+    """Per seed (``run_dir/seed*``): held-out greedy success before the first step and after the last
+    (``eval/reward``), the steps and the training time; then the mean and standard deviation."""
+    import glob
+
+    seeds = {}
+    for d in sorted(glob.glob(os.path.join(run_dir, "seed*"))):
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        evals = [r for r in rows if "eval/reward" in r]
+        steps = [r for r in rows if "time/update_s" in r]
+        rewards = [r["reward/total/mean"] for r in steps if "reward/total/mean" in r]
+        if len(evals) < 2:
+            continue
+        seeds[os.path.basename(d)] = {
+            "before": evals[0]["eval/reward"], "after": evals[-1]["eval/reward"], "steps": evals[-1].get("step"),
+            "train_reward_first5": float(np.mean(rewards[:5])) if rewards else None,
+            "train_reward_last5": float(np.mean(rewards[-5:])) if rewards else None,
+            "seconds": sum(r["time/sample_s"] + r["time/ref_and_values_s"] + r["time/update_s"] for r in steps)}
+    out = {"seeds": seeds}
+    for k in ("before", "after"):
+        v = np.array([s[k] for s in seeds.values()], dtype=float)
+        if len(v):
+            out[k] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
+    return out
 
 
 def main(argv=None) -> None:
@@ -301,13 +338,21 @@ def main(argv=None) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="*", help="--train: one run per seed, one after another")
+    p.add_argument("--agent", choices=("run", "run_rewriting"), default="run", help="--train: the agent trained")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--run-dir", default="runs/agents_openai_calculator")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results",
                                                  "agents_openai_calculator.md"))
     args = p.parse_args(argv)
     if args.train:
-        train(args.seed, args.steps, args.run_dir)
+        for seed in args.seeds or [args.seed]:
+            train(seed, args.steps, args.run_dir, model=args.model, group_size=args.group_size,
+                  prompts_per_step=args.prompts_per_step, learning_rate=args.lr, agent=args.agent)
+        print(json.dumps(summarize(args.run_dir), indent=1))
         return
     if args.make_sft:
         from rljax.models import load
