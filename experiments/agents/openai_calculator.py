@@ -265,16 +265,24 @@ def write_results(results: dict, path: str, *, model_name: str, n: int, max_new_
         f.write("\n".join(lines) + "\n")
 
 
-def train(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-135m-instruct", lora: bool = True,
-          group_size: int = 8, prompts_per_step: int = 4, learning_rate: float = 1e-4, eval_size: int = 64,
-          agent: str = "run") -> str:
+def train(seed: int, steps: int, run_dir: str, **settings) -> str:
+    """Trains :func:`train_config`'s run; returns its directory (``run_dir/seed<seed>``)."""
+    from rljax.training import OnlineTrainer
+
+    cfg = train_config(seed, steps, run_dir, **settings)
+    OnlineTrainer(cfg).fit()
+    return cfg.train.run_dir
+
+
+def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-135m-instruct", lora: bool = True,
+                 group_size: int = 8, prompts_per_step: int = 4, learning_rate: float = 1e-4, eval_size: int = 64,
+                 agent: str = "run"):
     """GRPO on ``agent`` (``run`` or ``run_rewriting``) from ``model`` (a name or a warm-start directory,
     e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``; held-out greedy success (the
-    ``eval_size`` eval tasks) is ``eval/reward`` before step 1 and after the last step. Returns the run
-    directory."""
+    ``eval_size`` eval tasks, written to ``run_dir`` with the train tasks) is ``eval/reward`` before
+    step 1 and after the last step."""
     from rljax.config import from_yaml
     from rljax.run_config import RunConfig
-    from rljax.training import OnlineTrainer
 
     os.makedirs(run_dir, exist_ok=True)
     paths = {}
@@ -285,7 +293,7 @@ def train(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-135m-ins
     here = os.path.abspath(__file__)
     out = os.path.join(run_dir, f"seed{seed}")
     lora_yaml = ", lora_rank: 16, lora_alpha: 32" if lora else ""
-    cfg = from_yaml(RunConfig, f"""
+    return from_yaml(RunConfig, f"""
 model: {{name: {model}{lora_yaml}}}
 data: {{task: "", path: {paths["train"]}, eval_path: {paths["eval"]}, answer_column: answer, eval_size: {eval_size}}}
 sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: {max(group_size * prompts_per_step, eval_size)}}}
@@ -294,8 +302,6 @@ algorithm: {{name: grpo, group_size: {group_size}, prompts_per_step: {prompts_pe
 optim: {{learning_rate: {learning_rate}}}
 train: {{steps: {steps}, seed: {seed}, run_dir: {out}, eval_every: {steps}, save_model: false, plot: false}}
 """)
-    OnlineTrainer(cfg).fit()
-    return out
 
 
 def summarize(run_dir: str) -> dict:

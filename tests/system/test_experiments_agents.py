@@ -64,3 +64,38 @@ def test_warm_start_demonstrations_render_as_the_server_renders_and_parse_back(t
     rows = [json.loads(line) for line in open(f"{out}/train.jsonl")]
     assert len(rows) == 3 and rows[0]["messages"][0]["content"].startswith(m.SYSTEM)
     assert sum(1 for _ in open(f"{out}/eval.jsonl")) == 64
+
+
+def test_the_grpo_config_and_the_seed_summary(tmp_path):
+    """``--train``'s run: the warm-start model, LoRA, the agent, held-out tasks written once and the
+    same for every seed; ``summarize`` reads each seed's first and last ``eval/reward`` (hand-made
+    metrics) into the mean and the sample standard deviation."""
+    import json
+
+    m = _module()
+    runs = tmp_path / "runs"
+    cfgs = [m.train_config(seed, 5, str(runs), model="/warm/model", group_size=4, prompts_per_step=2,
+                           learning_rate=2e-4, eval_size=16, agent="run_rewriting") for seed in (0, 1)]
+    cfg = cfgs[0]
+    assert cfg.model.name == "/warm/model" and cfg.model.lora_rank == 16
+    assert cfg.environment.function.endswith("openai_calculator.py:run_rewriting")
+    assert (cfg.algorithm.group_size, cfg.algorithm.prompts_per_step, cfg.optim.learning_rate) == (4, 2, 2e-4)
+    assert [c.train.run_dir for c in cfgs] == [str(runs / "seed0"), str(runs / "seed1")]
+    assert cfg.train.eval_every == 5 and cfgs[1].data.eval_path == cfg.data.eval_path
+    held_out = [json.loads(line)["prompt"] for line in open(cfg.data.eval_path)]
+    assert held_out == [t["prompt"] for t in m.tasks(16, "eval")]
+    assert not set(held_out) & {json.loads(line)["prompt"] for line in open(cfg.data.path)}
+
+    def write(seed, before, after, rewards):
+        (runs / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+        rows = [{"step": 0, "eval/reward": before}] + [
+            {"step": i + 1, "reward/total/mean": r, "time/sample_s": 1.0, "time/ref_and_values_s": 0.5,
+             "time/update_s": 2.0} for i, r in enumerate(rewards)] + [{"step": len(rewards), "eval/reward": after}]
+        (runs / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(0, 0.25, 0.5, [0.0, 0.5])
+    write(1, 0.75, 1.0, [1.0])
+    s = m.summarize(str(runs))
+    assert s["seeds"]["seed0"] == {"before": 0.25, "after": 0.5, "steps": 2, "train_reward_first5": 0.25,
+                                   "train_reward_last5": 0.25, "seconds": 7.0}
+    assert s["before"] == {"mean": 0.5, "std": 0.25 * 2 ** 0.5} and s["after"]["mean"] == 0.75
