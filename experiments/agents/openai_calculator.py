@@ -1,14 +1,15 @@
 """Agents written only against the ``openai`` package, with function tools, on the embedded SmolLM2.
 
-Question (issue 34 §3, started): an agent that must chain two dependent tool calls (``multiply``,
+Question: an agent that must chain two dependent tool calls (``multiply``,
 then ``add`` on its result) to answer ``a × b + c``, written as an outside user would write it; what
 does the policy do with it before any training, and do its calls join into one trajectory?
 
     python experiments/agents/openai_calculator.py --measure          # base model, held-out tasks
     python experiments/agents/openai_calculator.py --smoke            # a tiny random model (seconds)
-    python experiments/agents/openai_calculator.py --train --seed 0   # GRPO with environment: {type: agent}
     python experiments/agents/openai_calculator.py --make-sft --n 64  # warm-start demonstrations
     rljax train configs/sft_openai_calculator_smollm2.yaml            # SFT (LoRA) on them
+    python experiments/agents/openai_calculator.py --train --model runs/sft_openai_calculator_smollm2/model \
+        --seeds 0 1 2                                                 # GRPO from the warm start
 
 Two agents (the module's ``run`` and ``run_rewriting``): ``run`` appends every reply and tool result
 to its conversation (its calls join into one sequence); ``run_rewriting`` keeps its own notes and
@@ -280,7 +281,9 @@ def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-1
     """GRPO on ``agent`` (``run`` or ``run_rewriting``) from ``model`` (a name or a warm-start directory,
     e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``; held-out greedy success (the
     ``eval_size`` eval tasks, written to ``run_dir`` with the train tasks) is ``eval/reward`` before
-    step 1 and after the last step."""
+    step 1 and after the last step. A transition holds at most 640 tokens (the tool listing and question
+    are ~261, three replies and two results ~110), and the update runs 2 rows at a time: the whole
+    batch of 16 joined trajectories in one pass asked XLA:CPU for 48 GB."""
     from rljax.config import from_yaml
     from rljax.run_config import RunConfig
 
@@ -297,8 +300,8 @@ def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-1
 model: {{name: {model}{lora_yaml}}}
 data: {{task: "", path: {paths["train"]}, eval_path: {paths["eval"]}, answer_column: answer, eval_size: {eval_size}}}
 sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: {max(group_size * prompts_per_step, eval_size)}}}
-environment: {{type: agent, function: "{here}:{agent}", concurrency: {max(group_size * prompts_per_step, eval_size)}, max_tokens: 1024}}
-algorithm: {{name: grpo, group_size: {group_size}, prompts_per_step: {prompts_per_step}}}
+environment: {{type: agent, function: "{here}:{agent}", concurrency: {max(group_size * prompts_per_step, eval_size)}, max_tokens: 640}}
+algorithm: {{name: grpo, group_size: {group_size}, prompts_per_step: {prompts_per_step}, micro_batch_size: 2}}
 optim: {{learning_rate: {learning_rate}}}
 train: {{steps: {steps}, seed: {seed}, run_dir: {out}, eval_every: {steps}, save_model: false, plot: false}}
 """)
@@ -311,6 +314,8 @@ def summarize(run_dir: str) -> dict:
 
     seeds = {}
     for d in sorted(glob.glob(os.path.join(run_dir, "seed*"))):
+        if not os.path.exists(os.path.join(d, "metrics.jsonl")):  # a run stopped before its first metrics
+            continue
         with open(os.path.join(d, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         evals = [r for r in rows if "eval/reward" in r]

@@ -95,6 +95,7 @@ def test_the_grpo_config_and_the_seed_summary(tmp_path):
 
     write(0, 0.25, 0.5, [0.0, 0.5])
     write(1, 0.75, 1.0, [1.0])
+    (runs / "seed2").mkdir()  # a run stopped before its first metrics: left out
     s = m.summarize(str(runs))
     assert s["seeds"]["seed0"] == {"before": 0.25, "after": 0.5, "steps": 2, "train_reward_first5": 0.25,
                                    "train_reward_last5": 0.25, "seconds": 7.0}
