@@ -282,8 +282,8 @@ def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-1
     e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``; held-out greedy success (the
     ``eval_size`` eval tasks, written to ``run_dir`` with the train tasks) is ``eval/reward`` before
     step 1 and after the last step. A transition holds at most 640 tokens (the tool listing and question
-    are ~261, three replies and two results ~110), and the update runs 2 rows at a time: the whole
-    batch of 16 joined trajectories in one pass asked XLA:CPU for 48 GB."""
+    alone are ~261) and the update runs 2 rows at a time: a whole batch of joined trajectories in one
+    pass does not fit a 24 GiB host (experiments/results/agents_openai_calculator.md)."""
     from rljax.config import from_yaml
     from rljax.run_config import RunConfig
 

@@ -3,6 +3,7 @@ compiles of the update, the scoring passes and the sampler (:func:`plan_run`).""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -212,17 +213,17 @@ def plan_run(cfg, target_name: str, *, memory_bytes: int | None = None) -> PlanR
                 dict(optimizer=optimizer, algorithm=a.name, cfg=a, temperature=cfg.sampling.temperature,
                      num_micro=a.num_micro, num_iterations=a.num_iterations, mini_batches=a.mini_batches, **critic),
                 analytic, state=(params, frozen, opt_state, critic_state)))
-            if a.off_policy_correction != "none":  # the trainer rescores the batch under π_old (online.step_once)
-                programs.append(_compile(
-                    "scoring", f"score_logprobs: π_old log-probs of [{R} rows, {P}+{N} tokens] "
-                               f"(algorithm.off_policy_correction: {a.off_policy_correction})",
-                    score_logprobs, (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
-                    analytic_flops(config, P + N, R, passes=1.0), state=(params, frozen)))
-            if algo.needs_reference(a):
-                programs.append(_compile(
-                    "scoring", f"score_logprobs: reference log-probs of [{R} rows, {P}+{N} tokens]",
-                    score_logprobs, (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
-                    analytic_flops(config, P + N, R, passes=1.0), state=(params, frozen)))
+            # log-prob passes the trainer runs before the update (online.step_once): π_old, rescored for an
+            # off-policy correction, and the reference's; one program (same function and shapes) compiled once
+            scored = ([f"π_old log-probs of [{R} rows, {P}+{N} tokens] (algorithm.off_policy_correction: "
+                       f"{a.off_policy_correction})"] if a.off_policy_correction != "none" else [])
+            scored += [f"reference log-probs of [{R} rows, {P}+{N} tokens]"] if algo.needs_reference(a) else []
+            if scored:
+                first = _compile("scoring", f"score_logprobs: {scored[0]}", score_logprobs,
+                                 (graphdef, params, frozen, batch), dict(temperature=cfg.sampling.temperature),
+                                 analytic_flops(config, P + N, R, passes=1.0), state=(params, frozen))
+                programs += [first] + [dataclasses.replace(first, what=f"score_logprobs: {w}", compile_s=0.0)
+                                       for w in scored[1:]]
             if value_head is not None:
                 separate = value_head == "separate"
                 split = ((critic["critic_graphdef"], critic["critic_params"], critic["critic_frozen"]) if separate
