@@ -277,13 +277,14 @@ def train(seed: int, steps: int, run_dir: str, **settings) -> str:
 
 def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-135m-instruct", lora: bool = True,
                  group_size: int = 8, prompts_per_step: int = 4, learning_rate: float = 1e-4, eval_size: int = 64,
-                 agent: str = "run"):
+                 agent: str = "run", temperature: float = 1.0, eval_temperature: float = 0.0):
     """GRPO on ``agent`` (``run`` or ``run_rewriting``) from ``model`` (a name or a warm-start directory,
-    e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``; held-out greedy success (the
-    ``eval_size`` eval tasks, written to ``run_dir`` with the train tasks) is ``eval/reward`` before
-    step 1 and after the last step. A transition holds at most 640 tokens (the tool listing and question
-    alone are ~261) and the update runs 2 rows at a time: a whole batch of joined trajectories in one
-    pass does not fit a 24 GiB host (experiments/results/agents_openai_calculator.md)."""
+    e.g. the SFT run's ``RUN_DIR/model``), LoRA rank 16 when ``lora``, sampling at ``temperature``;
+    held-out success at ``eval_temperature`` (0 = greedy; the ``eval_size`` eval tasks, written to
+    ``run_dir`` with the train tasks) is ``eval/reward`` before step 1 and after the last step. A
+    transition holds at most 640 tokens (the tool listing and question alone are ~261) and the update
+    runs 2 rows at a time: a whole batch of joined trajectories in one pass does not fit a 24 GiB host
+    (experiments/results/agents_openai_calculator.md)."""
     from rljax.config import from_yaml
     from rljax.run_config import RunConfig
 
@@ -299,7 +300,8 @@ def train_config(seed: int, steps: int, run_dir: str, *, model: str = "smollm2-1
     return from_yaml(RunConfig, f"""
 model: {{name: {model}{lora_yaml}}}
 data: {{task: "", path: {paths["train"]}, eval_path: {paths["eval"]}, answer_column: answer, eval_size: {eval_size}}}
-sampling: {{max_new_tokens: 96, temperature: 1.0, max_slots: {max(group_size * prompts_per_step, eval_size)}}}
+sampling: {{max_new_tokens: 96, temperature: {temperature}, eval_temperature: {eval_temperature}, \
+max_slots: {max(group_size * prompts_per_step, eval_size)}}}
 environment: {{type: agent, function: "{here}:{agent}", concurrency: {max(group_size * prompts_per_step, eval_size)}, max_tokens: 640}}
 algorithm: {{name: grpo, group_size: {group_size}, prompts_per_step: {prompts_per_step}, micro_batch_size: 2}}
 optim: {{learning_rate: {learning_rate}}}
@@ -308,8 +310,9 @@ train: {{steps: {steps}, seed: {seed}, run_dir: {out}, eval_every: {steps}, save
 
 
 def summarize(run_dir: str) -> dict:
-    """Per seed (``run_dir/seed*``): held-out greedy success before the first step and after the last
-    (``eval/reward``), the steps and the training time; then the mean and standard deviation."""
+    """Per seed (``run_dir/seed*``): held-out success (``eval/reward``, at the run's
+    ``sampling.eval_temperature``) before the first step and after the last, the steps and the
+    training time; then the mean and standard deviation."""
     import glob
 
     seeds = {}
@@ -354,6 +357,9 @@ def main(argv=None) -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0, help="--train: the sampling temperature")
+    p.add_argument("--eval-temperature", type=float, default=0.0,
+                   help="--train: the held-out evaluation's temperature (0 = greedy)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--run-dir", default="runs/agents_openai_calculator")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results",
@@ -362,7 +368,8 @@ def main(argv=None) -> None:
     if args.train:
         for seed in args.seeds or [args.seed]:
             train(seed, args.steps, args.run_dir, model=args.model, group_size=args.group_size,
-                  prompts_per_step=args.prompts_per_step, learning_rate=args.lr, agent=args.agent)
+                  prompts_per_step=args.prompts_per_step, learning_rate=args.lr, agent=args.agent,
+                  temperature=args.temperature, eval_temperature=args.eval_temperature)
         print(json.dumps(summarize(args.run_dir), indent=1))
         return
     if args.make_sft:

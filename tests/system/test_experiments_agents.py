@@ -67,16 +67,19 @@ def test_warm_start_demonstrations_render_as_the_server_renders_and_parse_back(t
 
 
 def test_the_grpo_config_and_the_seed_summary(tmp_path):
-    """``--train``'s run: the warm-start model, LoRA, the agent, held-out tasks written once and the
-    same for every seed; ``summarize`` reads each seed's first and last ``eval/reward`` (hand-made
+    """``--train``'s run: the warm-start model, LoRA, the agent, the temperatures, held-out tasks
+    written once and the same for every seed; ``summarize`` reads each seed's first and last ``eval/reward`` (hand-made
     metrics) into the mean and the sample standard deviation."""
     import json
 
     m = _module()
     runs = tmp_path / "runs"
     cfgs = [m.train_config(seed, 5, str(runs), model="/warm/model", group_size=4, prompts_per_step=2,
-                           learning_rate=2e-4, eval_size=16, agent="run_rewriting") for seed in (0, 1)]
+                           learning_rate=2e-4, eval_size=16, agent="run_rewriting", temperature=0.7,
+                           eval_temperature=0.7) for seed in (0, 1)]
     cfg = cfgs[0]
+    assert (cfg.sampling.temperature, cfg.sampling.eval_temperature) == (0.7, 0.7)
+    assert m.train_config(0, 5, str(tmp_path / "greedy")).sampling.eval_temperature == 0.0
     assert cfg.model.name == "/warm/model" and cfg.model.lora_rank == 16
     assert cfg.environment.function.endswith("openai_calculator.py:run_rewriting")
     assert (cfg.algorithm.group_size, cfg.algorithm.prompts_per_step, cfg.optim.learning_rate) == (4, 2, 2e-4)
