@@ -280,14 +280,20 @@ def _token_logprob(decoder: Decoder, token_id: int, logprob: float) -> dict:
 
 def completion_logprobs(decoder: Decoder, ids: list[int], logprobs: list[float], top: list | None = None) -> dict:
     """``choice.logprobs`` of a text completion: tokens, their log-probs and offsets, and per token a
-    ``{token: log-prob}`` of the ``logprobs: N`` likeliest (``{}`` when N is 0)."""
+    ``{token: log-prob}`` of the ``logprobs: N`` likeliest (``{}`` when N is 0). Two ids whose text is
+    the same (e.g. two byte tokens that each decode to U+FFFD) share one key, which keeps the likelier
+    log-prob, so a dict can hold fewer than N entries."""
     tokens = [decoder.token(i) for i in ids]
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
-    alternatives = [{decoder.token(j): a for j, a in (top[n] if top and n < len(top) else [])}
-                    for n in range(len(tokens))]
+    alternatives = []
+    for n in range(len(tokens)):
+        alternative: dict[str, float] = {}
+        for j, a in (top[n] if top and n < len(top) else []):  # likeliest first
+            alternative.setdefault(decoder.token(j), a)
+        alternatives.append(alternative)
     return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": alternatives,
             "text_offset": offsets}
 
