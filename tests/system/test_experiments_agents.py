@@ -68,8 +68,8 @@ def test_warm_start_demonstrations_render_as_the_server_renders_and_parse_back(t
 
 def test_the_grpo_config_and_the_seed_summary(tmp_path):
     """``--train``'s run: the warm-start model, LoRA, the agent, the temperatures, held-out tasks
-    written once and the same for every seed; ``summarize`` reads each seed's first and last ``eval/reward`` (hand-made
-    metrics) into the mean and the sample standard deviation."""
+    written once and the same for every seed; ``summarize`` reads each seed's first and last
+    ``eval/reward`` (hand-made metrics) into the mean and the sample standard deviation."""
     import json
 
     m = _module()
