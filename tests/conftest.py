@@ -1,5 +1,5 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
-XLA's backend optimisation level 0.
+XLA's backend optimisation level 0, one persistent compilation cache per test run.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -12,9 +12,22 @@ os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
 # run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
-# no persistent compilation cache (rljax.compile_cache) in the user's home from the tests' CLI runs;
-# tests/system/test_compile_cache.py turns it on in a temporary directory
+# JAX's persistent compilation cache, one new directory per test run, shared by the xdist workers and
+# every subprocess they start (they inherit it from the process that imported this file first), removed
+# at its end: tests that build equal programs in different processes or trainers load them instead of
+# compiling them again (measured in docs/testing.md, "JAX's persistent compilation cache"). Never the
+# user's ~/.cache (rljax.compile_cache): JAX's variable wins over rljax's.
+# RLJAX_TEST_COMPILATION_CACHE=0 runs without it.
 os.environ.setdefault("RLJAX_COMPILATION_CACHE", "0")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("RLJAX_TEST_COMPILATION_CACHE", "1") != "0":
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    # the tiny models' programs compile in well under JAX's default second
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Most of a tiny-model test's time is XLA:CPU compiling, not running: the backend's optimisation level
 # 0 compiles with fewer LLVM passes (docs/testing.md). Before jax is imported, and inherited by every
 # subprocess (tests._processes.xla_flags keeps it where a test sets its own device count).
@@ -80,6 +93,49 @@ def _release_compiled_programs(request):
     if count is None or count > MAPPINGS_BEFORE_CLEARING:
         jax.clear_caches()
         gc.collect()
+
+
+_COMPILE_LOG = os.environ.get("RLJAX_TEST_COMPILE_LOG")
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+                  "/jax/core/compile/backend_compile_duration": "compile"}
+"""JAX's compile-phase events (``jax.monitoring``) that ``RLJAX_TEST_COMPILE_LOG`` sums per test."""
+
+
+if _COMPILE_LOG:
+    import resource
+    import time
+
+    from jax import monitoring
+
+    _phase_seconds: dict[str, float] = {}
+
+    def _count_phase(event, duration_secs, **_):
+        name = COMPILE_EVENTS.get(event)
+        if name:
+            _phase_seconds[name] = _phase_seconds.get(name, 0.0) + duration_secs
+            if name == "compile":
+                _phase_seconds["programs"] = _phase_seconds.get("programs", 0) + 1
+
+    monitoring.register_event_duration_secs_listener(_count_phase)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """``RLJAX_TEST_COMPILE_LOG=path``: append one tab-separated line per test to ``path``: its id,
+        wall seconds, this process's CPU seconds, finished child processes' CPU seconds, and the seconds
+        JAX spent tracing, lowering and compiling in this process, and the number of programs compiled
+        (or loaded from a persistent cache) (``tests/durations.py --compile-log`` reads it)."""
+        _phase_seconds.clear()
+        wall, cpu = time.perf_counter(), time.process_time()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        yield
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+        fields = [item.nodeid, time.perf_counter() - wall, time.process_time() - cpu, child_cpu,
+                  *(_phase_seconds.get(name, 0.0) for name in COMPILE_EVENTS.values()),
+                  str(_phase_seconds.get("programs", 0))]
+        with open(_COMPILE_LOG, "a") as f:
+            f.write("\t".join(f"{x:.3f}" if isinstance(x, float) else x for x in fields) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,14 @@
     python -m pytest tests/unit --junitxml=unit.xml   # or the whole suite
     python tests/durations.py unit.xml [more.xml ...] [--unit-limit 5] [--top 15] [--check]
     python tests/durations.py --run tests/unit [pytest args ...]   # runs pytest with a JUnit file, then reports
+    RLJAX_TEST_COMPILE_LOG=c.tsv python -m pytest tests/integration && python tests/durations.py --compile-log c.tsv
 
 A test's time is JUnit's (setup + call + teardown, so a module fixture counts in its first test).
 ``--check`` exits 1 when a unit test takes longer than ``--unit-limit`` seconds, so the quick loop
 (``python -m pytest tests/unit``) stays quick; such a test belongs in tests/integration/.
+``--compile-log`` reads the per-test file that ``RLJAX_TEST_COMPILE_LOG`` makes ``tests/conftest.py``
+write and splits each file's CPU time into JAX tracing, lowering, XLA compiling, the rest of the
+process (running, Python) and its finished subprocesses.
 """
 import argparse
 import collections
@@ -61,6 +65,35 @@ def report(cases, *, unit_limit, top, out=sys.stdout):
     return slow
 
 
+def compile_report(paths, *, top, out=sys.stdout):
+    """Per-file CPU seconds from ``RLJAX_TEST_COMPILE_LOG`` files, split by JAX's compile phases."""
+    columns = ("wall", "cpu", "children", "trace", "lower", "compile", "programs")
+    by_file = collections.defaultdict(lambda: collections.Counter())
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                nodeid, *values = line.rstrip("\n").split("\t")
+                by_file[nodeid.split("::")[0]].update(dict(zip(columns, map(float, values))))
+    total = collections.Counter()
+    for counts in by_file.values():
+        total.update(counts)
+    head = (f"{'wall':>8} {'cpu':>8} {'trace':>7} {'lower':>7} {'compile':>8} {'rest':>8} {'subproc':>8} "
+            f"{'programs':>8}  file")
+    print("seconds per file, summed over its tests (cpu = this process; rest = cpu - trace - lower - compile)",
+          file=out)
+    print(head, file=out)
+
+    def row(name, c):
+        rest = c["cpu"] - c["trace"] - c["lower"] - c["compile"]
+        return (f"{c['wall']:>8.1f} {c['cpu']:>8.1f} {c['trace']:>7.1f} {c['lower']:>7.1f} {c['compile']:>8.1f} "
+                f"{rest:>8.1f} {c['children']:>8.1f} {c['programs']:>8.0f}  {name}")
+
+    for file, counts in sorted(by_file.items(), key=lambda kv: -kv[1]["cpu"] - kv[1]["children"])[:top]:
+        print(row(file, counts), file=out)
+    print(row(f"all {len(by_file)} files", total), file=out)
+    return total
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("xml", nargs="*", help="JUnit XML files written by pytest --junitxml")
@@ -68,7 +101,13 @@ def main(argv=None):
     parser.add_argument("--unit-limit", type=float, default=5.0, help="seconds a unit test may take (default 5)")
     parser.add_argument("--top", type=int, default=15, help="how many files to list (default 15)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a unit test is over --unit-limit")
+    parser.add_argument("--compile-log", nargs="+", default=[], metavar="TSV",
+                        help="files written through RLJAX_TEST_COMPILE_LOG: report JAX's compile phases per file")
     args = parser.parse_args(argv)
+    if args.compile_log:
+        compile_report(args.compile_log, top=args.top)
+        if not args.xml and args.run is None:
+            return 0
     paths, rc = list(args.xml), 0
     if args.run is not None:
         fd, path = tempfile.mkstemp(suffix=".xml")

@@ -294,9 +294,11 @@ def part_grpo(smoke: bool, cache_root: str, run_root: str, log, *, max_rl_s: flo
     first, last = ap.first_window(rows, "reward", window), ap.final_window(rows, "reward", window)
     verdict = "not judged (smoke: too few steps)" if smoke else ("PASS: reward went up" if last > first else
                                                                  "FAIL: reward did not go up")
+    trained_s = stats.get("sft_seconds", sft_s)  # the time it took when it was trained, cached or not
+    cached = f" (cached, found in {sft_s:.0f} s)" if trained_s > sft_s + 1 else ""
     text = (f"GRPO on the arithmetic policy (`paper_repro/_arith_policy.py`, {spec.layers} layer(s) x {spec.hidden}, "
-            f"pretrained by {spec.sft_steps} SFT steps in {sft_s:.0f} s: accuracy {stats['accuracy']:.3f} at "
-            f"temperature 1), {len(rows)} of {steps} steps (stopped after {max_rl_s:.0f} s) of {prompts} prompts x "
+            f"pretrained by {spec.sft_steps} SFT steps in {trained_s:.0f} s{cached}: accuracy {stats['accuracy']:.3f} "
+            f"at temperature 1), {len(rows)} of {steps} steps (stopped after {max_rl_s:.0f} s) of {prompts} prompts x "
             f"{group}, lr {lr}.\n\n"
             + table(["first steps' reward", "last steps' reward", "window (steps)", "s per step", "RL seconds"],
                     [[first, last, window, rl_s / max(len(rows), 1), rl_s]]) + f"\n{verdict}\n")
@@ -585,6 +587,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip a part when less than its minimum time is left of this many seconds (default "
                         "450; 1800 with --smoke, which runs everything on a loaded CPU too)")
+    parser.add_argument("--cache", default=None,
+                        help="folder of pretrained arithmetic policies to reuse (paper_repro/_arith_policy.py; "
+                             "default: one inside this check's work folder)")
     parser.add_argument("--skip-transformers", action="store_true", help="no transformers generate baseline")
     args = parser.parse_args(argv)
     if args.cpu:
@@ -608,7 +613,7 @@ def main(argv=None) -> int:
                           "command: `python experiments/accel/gpu_check.py"
                           + (" --cpu" if args.cpu else "") + (" --smoke" if args.smoke else "") + "`; running.\n")
     work = tempfile.mkdtemp(prefix="gpu_check_") if args.smoke else os.path.join(ROOT, "runs", "accel")
-    cache_root = os.path.join(work, "cache")
+    cache_root = args.cache or os.path.join(work, "cache")
     repeats = 2 if args.smoke else 3
     results: dict = {}
     smoke_peak = cpu_matmul_peak() if chip not in PEAK_BF16 else None

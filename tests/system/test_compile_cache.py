@@ -12,7 +12,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _generate(model, cache, *, rljax_cache=None):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, RLJAX_COMPILATION_CACHE=rljax_cache or str(cache),
+    # without the test run's own cache (tests/conftest.py): JAX's variable would win over rljax's
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO, RLJAX_COMPILATION_CACHE=rljax_cache or str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # the tiny model's programs compile fast
     done = subprocess.run([sys.executable, "-m", "rljax", "generate", "--model", str(model), "--prompt", "2+3=",
                            "--prompt", "12+35=", "--temperature", "1", "--seed", "3", "--max-new-tokens", "6",

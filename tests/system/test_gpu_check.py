@@ -28,11 +28,13 @@ def _table_rows(body: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_cpu_smoke_writes_every_section_with_numbers(tmp_path):
+def test_cpu_smoke_writes_every_section_with_numbers(tmp_path, paper_repro_cache):
     out = tmp_path / "gpu_check_cpu.md"
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    # the smoke arithmetic policy the reproductions' smoke tests pretrain once per test run
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accel", "gpu_check.py"), "--cpu",
-                           "--smoke", "--out", str(out)], capture_output=True, text=True, env=env, timeout=1800)
+                           "--smoke", "--out", str(out), "--cache", paper_repro_cache], capture_output=True, text=True,
+                          env=env, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     sections = _sections(out.read_text())
     assert list(sections) == SECTIONS

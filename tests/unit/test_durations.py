@@ -33,3 +33,22 @@ def test_totals_by_tier_and_file_and_the_unit_tests_over_the_limit(tmp_path):
     assert durations.main([str(path), "--check", "--unit-limit", "8"]) == 0
     assert durations.main([str(path), "--check"]) == 1
     assert durations.main([str(path)]) == 0
+
+
+# RLJAX_TEST_COMPILE_LOG lines (tests/conftest.py): id, wall, cpu, children's cpu, trace, lower, compile, programs
+COMPILE_LOG = ("tests/integration/test_c.py::test_a\t10.0\t9.0\t0.0\t1.0\t2.0\t5.0\t7\n"
+               "tests/integration/test_c.py::test_b[x]\t4.0\t3.5\t0.0\t0.5\t0.5\t2.0\t3\n"
+               "tests/system/test_d.py::test_procs\t20.0\t1.0\t30.0\t0.0\t0.0\t0.5\t1\n")
+
+
+def test_the_compile_log_splits_each_files_cpu_into_compile_phases(tmp_path):
+    path = tmp_path / "compile.tsv"
+    path.write_text(COMPILE_LOG)
+    out = io.StringIO()
+    total = durations.compile_report([path], top=5, out=out)
+    lines = out.getvalue().splitlines()
+    # the subprocesses' 30 s put test_d first; rest = cpu - trace - lower - compile
+    assert lines[2].split() == ["20.0", "1.0", "0.0", "0.0", "0.5", "0.5", "30.0", "1", "tests/system/test_d.py"]
+    assert lines[3].split() == ["14.0", "12.5", "1.5", "2.5", "7.0", "1.5", "0.0", "10", "tests/integration/test_c.py"]
+    assert lines[4].split()[:8] == ["34.0", "13.5", "1.5", "2.5", "7.5", "2.0", "30.0", "11"]
+    assert total["programs"] == 11 and total["compile"] == 7.5
