@@ -103,19 +103,19 @@ COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
 
 
 if _COMPILE_LOG:
+    import collections
     import resource
     import time
 
     from jax import monitoring
 
-    _phase_seconds: dict[str, float] = {}
+    _phase_seconds: collections.Counter = collections.Counter()  # per phase, and "programs": how many compiled
 
     def _count_phase(event, duration_secs, **_):
         name = COMPILE_EVENTS.get(event)
         if name:
-            _phase_seconds[name] = _phase_seconds.get(name, 0.0) + duration_secs
-            if name == "compile":
-                _phase_seconds["programs"] = _phase_seconds.get("programs", 0) + 1
+            _phase_seconds[name] += duration_secs
+            _phase_seconds["programs"] += name == "compile"
 
     monitoring.register_event_duration_secs_listener(_count_phase)
 
@@ -132,8 +132,7 @@ if _COMPILE_LOG:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         child_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         fields = [item.nodeid, time.perf_counter() - wall, time.process_time() - cpu, child_cpu,
-                  *(_phase_seconds.get(name, 0.0) for name in COMPILE_EVENTS.values()),
-                  str(_phase_seconds.get("programs", 0))]
+                  *(float(_phase_seconds[name]) for name in COMPILE_EVENTS.values()), str(_phase_seconds["programs"])]
         with open(_COMPILE_LOG, "a") as f:
             f.write("\t".join(f"{x:.3f}" if isinstance(x, float) else x for x in fields) + "\n")
 
