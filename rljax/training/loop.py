@@ -33,6 +33,7 @@ on import.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ from typing import Any
 from rljax.distributed import any_process, exit_if_lost_process, process_index
 from rljax.host_memory import keep_host_memory_for_run
 from rljax.metrics_log import MetricsLogger
-from rljax.sharding import use_mesh
+from rljax.sharding import active_mesh, use_mesh
 from rljax.training.run_dir import config_dict
 from rljax.training.watchdog import Watchdog
 from rljax.update import NonFiniteLossError
@@ -164,6 +165,22 @@ def mesh_of(run):
     return contextlib.nullcontext() if run.mesh is None else use_mesh(run.mesh, run.rules)
 
 
+def in_run_mesh(method):
+    """A trainer method that runs inside its run's mesh (:func:`mesh_of`) as it does under :func:`fit`,
+    when called on its own (a script's or a test's ``trainer.step_once()``).
+
+    JAX keys a traced program on the context mesh, so a step called outside the mesh traced and
+    compiled every program again, without the activation constraints ``fit``'s have.
+    """
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.run.mesh is None or active_mesh() is not None:  # under fit, or a mesh the caller chose
+            return method(self, *args, **kwargs)
+        with mesh_of(self.run):
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 def _fit(trainer) -> dict[str, Any]:
     keep_host_memory_for_run(trainer.run.cfg.is_online)  # the CLI has applied it already; a script may not
     run, train = trainer.run, trainer.run.cfg.train
@@ -259,4 +276,4 @@ def _fit(trainer) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["Preempted", "fit", "mesh_of", "save", "write_curves"]
+__all__ = ["Preempted", "fit", "in_run_mesh", "mesh_of", "save", "write_curves"]

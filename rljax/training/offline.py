@@ -200,6 +200,7 @@ class OfflineTrainer:
         return np.concatenate(scores), np.concatenate(lengths)
 
     # ------------------------------------------------------------------ one step
+    @loop.in_run_mesh
     def step_once(self) -> dict[str, float]:
         """One batch, one update; advances ``step``."""
         a, run = self.cfg.algorithm, self.run
@@ -227,6 +228,7 @@ class OfflineTrainer:
         return metrics
 
     # ------------------------------------------------------------------ evaluation
+    @loop.in_run_mesh
     def evaluate(self, data: EncodedSet | None = None) -> dict[str, float]:
         """The training objective and its metrics on the held-out split (``eval/*``)."""
         data = self.eval_set if data is None else data

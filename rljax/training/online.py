@@ -275,6 +275,7 @@ class OnlineTrainer:
             self.close_producer()
 
     # ------------------------------------------------------------------ rollouts
+    @loop.in_run_mesh
     def sample(self, examples: list[dict], key, *, repeats: int, evaluation: bool = False, policy=None,
                refresh_weights=None) -> Rollout:
         """``repeats`` completions per example with the current policy (or ``policy``, a split), scored;
@@ -316,6 +317,7 @@ class OnlineTrainer:
                                 credit="trajectory" if evaluation else env.credit, max_turns=env.max_turns,
                                 turn_reward=env.turn_reward, gamma=env.gamma)
 
+    @loop.in_run_mesh
     def rollouts(self, key, *, iterator: PromptIterator | None = None, policy=None,
                  refresh_weights=None) -> tuple[Rollout, dict[str, float]]:
         """One step's rollouts: G completions for each of ``prompts_per_step`` prompts, from ``iterator``
@@ -348,6 +350,7 @@ class OnlineTrainer:
         return concat_rollouts((groups + dropped)[: a.prompts_per_step], pad_id=self.sampling.pad_token_id), stats
 
     # ------------------------------------------------------------------ one step
+    @loop.in_run_mesh
     def step_once(self) -> dict[str, float]:
         """Rollouts -> advantages -> updates; advances ``step``. Raises ``NonFiniteLossError``
         (leaving the state as before the refused update) if an update was not finite."""
@@ -490,6 +493,7 @@ class OnlineTrainer:
             update_metrics=metrics, learning_rate=float(self._learning_rate(updates_done)),
             epoch=it.epoch + it.index / len(self.train_examples), num_tokens=self._num_tokens)
 
+    @loop.in_run_mesh
     def update_epochs(self, batch: RolloutBatch) -> dict[str, float]:
         """The step's ``num_iterations × mini_batches`` optimizer updates (:func:`update_epochs`,
         mini-batches drawn by a seeded permutation per pass); returns :func:`mean_update_metrics`."""
@@ -510,6 +514,7 @@ class OnlineTrainer:
         return mean_update_metrics(metrics)
 
     # ------------------------------------------------------------------ evaluation
+    @loop.in_run_mesh
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         """Greedy (by default) completions on held-out prompts: mean of each reward, length.
 

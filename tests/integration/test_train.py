@@ -94,6 +94,20 @@ def test_the_second_step_reuses_the_first_steps_compiled_update(tiny_dir, tmp_pa
     assert online.update_epochs._cache_size() == compiled
 
 
+def test_a_step_called_on_its_own_reuses_the_programs_fit_compiled(tiny_dir, tmp_path):
+    # fit runs inside the run's mesh, and JAX keys a traced program on the context mesh: a step called
+    # outside fit enters that mesh too (rljax.training.loop.in_run_mesh), or it traced and compiled
+    # every program again (and without fit's activation constraints)
+    from rljax.training import online
+
+    Trainer(_cfg(tiny_dir, tmp_path / "fit", "grpo", ", kl_coef: 0.01", steps=1)).fit()
+    compiled = online.update_epochs._cache_size()
+    trainer = Trainer(_cfg(tiny_dir, tmp_path / "alone", "grpo", ", kl_coef: 0.01", steps=1))
+    trainer.step_once()
+    trainer.evaluate()
+    assert online.update_epochs._cache_size() == compiled
+
+
 def test_bfloat16_with_float32_master_weights_learns_and_checkpoints_its_master(tiny_dir, tmp_path):
     # model.dtype bfloat16 + optim.master_dtype float32: AdamW on a float32 master, bfloat16 weights;
     # 16 steps as test_reward_rises (with 10, the reward rose +0.097 against the +0.1 bar once the
