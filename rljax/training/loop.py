@@ -169,8 +169,8 @@ def in_run_mesh(method):
     """A trainer method that runs inside its run's mesh (:func:`mesh_of`) as it does under :func:`fit`,
     when called on its own (a script's or a test's ``trainer.step_once()``).
 
-    JAX keys a traced program on the context mesh, so a step called outside the mesh traced and
-    compiled every program again, without the activation constraints ``fit``'s have.
+    JAX keys a traced program on the context mesh: outside it, a step would trace and compile every
+    program again, without the activation constraints ``fit``'s have. A mesh already active is kept.
     """
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
