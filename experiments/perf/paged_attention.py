@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.inference.attention import ragged_paged_attention, write_kv
+from rljax.inference.attention import pool_shapes, ragged_paged_attention, to_pools, write_kv
 from rljax.models.transformer import _attention_one_query
 
 R, PS, KVH, HD, H, PADDED = 64, 16, 3, 64, 9, 576
@@ -53,8 +53,7 @@ def main():
     for r, start in enumerate(np.cumsum(pages) - pages):
         table[r, :pages[r]] = ids[start:start + pages[r]]
     f = jnp.float32
-    k_pages = jnp.asarray(rng.normal(size=(N, PS, KVH, HD)), f)
-    v_pages = jnp.asarray(rng.normal(size=(N, PS, KVH, HD)), f)
+    k_pages, v_pages = to_pools(*(jnp.asarray(rng.normal(size=(N, PS, KVH, HD)), f) for _ in range(2)))
     q = jnp.asarray(rng.normal(size=(R, 1, H, HD)), f)
     kv = jnp.asarray(kv_len)
     q_start, q_len = kv - 1, jnp.ones(R, jnp.int32)
@@ -94,7 +93,7 @@ def main():
     write = jax.jit(write_kv, donate_argnums=(0, 1))
     k_new = jnp.asarray(rng.normal(size=(R, 1, KVH, HD)), f)
     for pool_pages in (1024, 16384):
-        pools = [jnp.zeros((pool_pages, PS, KVH, HD), f) for _ in range(2)]
+        pools = [jnp.zeros(shape, f) for shape in pool_shapes(pool_pages, PS, KVH, HD)]
         wtable = jnp.asarray(np.arange(R * P, dtype=np.int32).reshape(R, P) % (pool_pages - 1) + 1)
         ts = []
         for i in range(args.repeats + 1):

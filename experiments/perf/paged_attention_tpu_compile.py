@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import topologies
 
-from rljax.inference.attention import ragged_paged_attention
+from rljax.inference.attention import pool_shapes, ragged_paged_attention
 
 # (rows, query tokens, page-table width, pages, KV heads, head dim, query heads, dtype)
 SHAPES = [(64, 1, 32, 2048, 3, 64, 9, jnp.float32),  # SmolLM2-135M decode
@@ -32,7 +32,7 @@ def main():
     spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
     print(device.device_kind)
     for R, T, P, N, KVH, hd, H, dtype in SHAPES:
-        args = (spec((R, T, H, hd), dtype), spec((N, 16, KVH, hd), dtype), spec((N, 16, KVH, hd), dtype),
+        args = (spec((R, T, H, hd), dtype), *(spec(shape, dtype) for shape in pool_shapes(N, 16, KVH, hd)),
                 spec((R, P)), spec((R,)), spec((R,)), spec((R,)))
         for impl in ("pallas", "dense") + (("ragged",) if T == 1 else ()):
             kw = {"impl": impl, "live_pages": R * 8 if impl == "ragged" else None}

@@ -2,9 +2,12 @@
 
 The layout (one layer):
 
-- ``k_pages``, ``v_pages`` ``[N, page_size, KVH, hd]``: the page pool. Page 0 is the null page: it is
-  never given to a sequence, padded page-table entries point at it, and nothing read from it reaches
-  an output.
+- ``k_pages`` ``[N, KVH, hd, page_size]`` and ``v_pages`` ``[N, KVH, page_size, hd]``: the page pools
+  (:func:`pool_shapes`; :func:`to_pools` builds them from token-major ``[N, page_size, KVH, hd]``
+  pages). Keys are stored transposed within a page so that both products of a decode step are
+  batched matmuls on the gathered pages as they are, with no transposed copy (on CPU about a
+  quarter of the attention's time; docs/paged-attention.md has the measurements). Page 0 is the null page: it is never given to a sequence, padded page-table
+  entries point at it, and nothing read from it reaches an output.
 - ``q`` ``[R, T, H, hd]`` (``H = KVH * G``, grouped-query heads): R rows of up to T query tokens
   (T = 1 in a decode step, T > 1 for a prefill chunk). Row r's query t sits at position
   ``q_start[r] + t`` for ``t < q_len[r]``; the others are padding (their output is 0).
@@ -34,21 +37,40 @@ import jax
 import jax.numpy as jnp
 
 from rljax.models.transformer import _at_least_float32
-from rljax.sharding import active_mesh
 
 IMPLS = ("auto", "dense", "ragged", "pallas")
+
+# The logical axes of both pools (rljax.sharding): split over the mesh as the model's KV heads are.
+POOL_AXES = (None, "kv_heads", None, None)
+
+
+def pool_shapes(num_pages: int, page_size: int, kv_heads: int, head_dim: int) -> tuple[tuple, tuple]:
+    """The shapes of one layer's key and value pools: ``[N, KVH, hd, page_size]``, ``[N, KVH, page_size, hd]``."""
+    return (num_pages, kv_heads, head_dim, page_size), (num_pages, kv_heads, page_size, head_dim)
+
+
+def to_pools(k_tokens, v_tokens):
+    """Key and value pools from token-major pages ``[N, page_size, KVH, hd]`` (page n, offset p)."""
+    return k_tokens.transpose(0, 2, 3, 1), v_tokens.transpose(0, 2, 1, 3)
+
+
+def token_major(k_pages, v_pages):
+    """The inverse of :func:`to_pools`: both pools as ``[..., page_size, KVH, hd]`` (leading page axes kept)."""
+    n = k_pages.ndim
+    k = jnp.moveaxis(k_pages, n - 1, n - 3)  # [..., ps, KVH, hd]
+    v = jnp.swapaxes(v_pages, n - 3, n - 2)
+    return k, v
 
 
 def write_kv(k_pages, v_pages, k_new, v_new, page_table, q_start, q_len):
     """Scatter this step's keys and values ``[R, T, KVH, hd]`` into the pools at positions
     ``q_start + t``; padding tokens (``t >= q_len``) are dropped.
 
-    Returns the new ``(k_pages, v_pages)``. One flat scatter per pool (``.at[...].set``), so a jitted
-    caller that donates the pools updates them in place instead of copying them.
+    Returns the new ``(k_pages, v_pages)``. One scatter per pool (``.at[page, ..., offset, ...].set``),
+    so a jitted caller that donates the pools updates them in place instead of copying them.
     """
-    N, ps, KVH, hd = k_pages.shape
+    N, KVH, hd, ps = _check_pool(k_pages, v_pages)
     R, T = k_new.shape[:2]
-    _check_pool(k_pages, v_pages)
     if k_new.shape != (R, T, KVH, hd) or v_new.shape != k_new.shape:
         raise ValueError(f"write_kv: k_new {k_new.shape} and v_new {v_new.shape} must both be "
                          f"[R, T, KVH, hd] = [R, T, {KVH}, {hd}]")
@@ -59,15 +81,12 @@ def write_kv(k_pages, v_pages, k_new, v_new, page_table, q_start, q_len):
     t = jnp.arange(T, dtype=jnp.int32)[None, :]
     pos = q_start[:, None] + t  # [R, T]
     page = jnp.take_along_axis(page_table, jnp.clip(pos // ps, 0, P - 1), axis=1)
-    slot = jnp.where(t < q_len[:, None], page * ps + pos % ps, N * ps)  # N * ps: out of range, dropped
-    slot = slot.reshape(R * T)
-
-    def scatter(pool, new):
-        flat = pool.reshape(N * ps, KVH, hd)
-        flat = flat.at[slot].set(new.reshape(R * T, KVH, hd).astype(pool.dtype), mode="drop")
-        return flat.reshape(pool.shape)
-
-    return scatter(k_pages, k_new), scatter(v_pages, v_new)
+    page = jnp.where(t < q_len[:, None], page, N).reshape(R * T)  # N: out of range, dropped
+    offset = (pos % ps).reshape(R * T)
+    k = k_new.reshape(R * T, KVH, hd).astype(k_pages.dtype)
+    v = v_new.reshape(R * T, KVH, hd).astype(v_pages.dtype)
+    return (k_pages.at[page, :, :, offset].set(k, mode="drop"),
+            v_pages.at[page, :, offset, :].set(v, mode="drop"))
 
 
 def ragged_paged_attention(q, k_pages, v_pages, page_table, kv_len, q_start, q_len, *,
@@ -81,11 +100,10 @@ def ragged_paged_attention(q, k_pages, v_pages, page_table, kv_len, q_start, q_l
     TPU kernel), or ``"auto"``: pallas on TPU, ragged for T = 1 with ``live_pages``, else dense.
     """
     R, T, H, hd = q.shape
-    _check_pool(k_pages, v_pages)
-    KVH = k_pages.shape[2]
-    if k_pages.shape[3] != hd or H % KVH:
+    _, KVH, pool_hd, _ = _check_pool(k_pages, v_pages)
+    if pool_hd != hd or H % KVH:
         raise ValueError(f"ragged_paged_attention: q heads {H} x {hd} do not fit the pool's "
-                         f"{KVH} KV heads x {k_pages.shape[3]} (H must be a multiple of KVH)")
+                         f"{KVH} KV heads x {pool_hd} (H must be a multiple of KVH)")
     if page_table.shape[0] != R or kv_len.shape != (R,) or q_start.shape != (R,) or q_len.shape != (R,):
         raise ValueError(f"ragged_paged_attention: page_table {page_table.shape}, kv_len {kv_len.shape}, "
                          f"q_start {q_start.shape} and q_len {q_len.shape} must have R = {R} rows")
@@ -109,31 +127,35 @@ def ragged_paged_attention(q, k_pages, v_pages, page_table, kv_len, q_start, q_l
     return jnp.where(valid[:, :, None, None], out, 0).astype(q.dtype)
 
 
-def _check_pool(k_pages, v_pages):
-    if k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
-        raise ValueError(f"paged attention: k_pages {k_pages.shape} and v_pages {v_pages.shape} must "
-                         f"both be [num_pages, page_size, KVH, hd]")
+def _check_pool(k_pages, v_pages) -> tuple[int, int, int, int]:
+    """``(N, KVH, hd, page_size)`` of a pair of pools (:func:`pool_shapes`), or a ValueError."""
+    N, KVH, hd, ps = k_pages.shape if k_pages.ndim == 4 else (-1,) * 4
+    if k_pages.ndim != 4 or v_pages.shape != (N, KVH, ps, hd):
+        raise ValueError(f"paged attention: k_pages {k_pages.shape} and v_pages {v_pages.shape} must be "
+                         f"[num_pages, KVH, hd, page_size] and [num_pages, KVH, page_size, hd]")
+    return N, KVH, hd, ps
 
 
 def _dense_gather(q, k_pages, v_pages, page_table, kv_len, q_start):
     """Each row's P pages gathered into ``[R, P * page_size]`` keys, attended with a position mask."""
     R, T, H, hd = q.shape
-    _, ps, KVH, _ = k_pages.shape
+    _, KVH, _, ps = k_pages.shape
     G, S = H // KVH, page_table.shape[1] * ps
+    k_rows, v_rows = token_major(k_pages[page_table], v_pages[page_table])  # [R, P, ps, KVH, hd]
     key_pos = jnp.arange(S, dtype=jnp.int32)
     in_row = key_pos[None, :] < kv_len[:, None]  # [R, S]
     visible = in_row[:, None, :] & (key_pos[None, None, :] <= (q_start[:, None] + jnp.arange(T)[None, :])[:, :, None])
     f = _at_least_float32(q.dtype)
     if T == 1:  # as _attention_one_query: multiply-and-reduce reads the gathered pages in place
-        k = k_pages[page_table].reshape(R, S, KVH, hd)
-        v = jnp.where(in_row[:, :, None, None], v_pages[page_table].reshape(R, S, KVH, hd), 0)  # NaN-safe
+        k = k_rows.reshape(R, S, KVH, hd)
+        v = jnp.where(in_row[:, :, None, None], v_rows.reshape(R, S, KVH, hd), 0)  # NaN-safe
         scores = jnp.sum(q.reshape(R, 1, KVH, G, hd) * k[:, :, :, None, :], axis=-1)  # [R, S, KVH, G]
         scores = jnp.where(visible[:, 0, :, None, None], scores.astype(f) / math.sqrt(hd), jnp.finfo(f).min)
         probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
         return jnp.sum(probs[..., None] * v[:, :, :, None, :], axis=1).reshape(R, 1, H, hd)
     # Head-major gathers, [R, KVH, S, hd], so both products are plain batched matmuls (as _attention).
-    k = k_pages[page_table].transpose(0, 3, 1, 2, 4).reshape(R, KVH, S, hd)
-    v = v_pages[page_table].transpose(0, 3, 1, 2, 4).reshape(R, KVH, S, hd)
+    k = k_rows.transpose(0, 3, 1, 2, 4).reshape(R, KVH, S, hd)
+    v = v_rows.transpose(0, 3, 1, 2, 4).reshape(R, KVH, S, hd)
     v = jnp.where(in_row[:, None, :, None], v, 0)  # unwritten slots may hold anything, NaN included
     qt = q.reshape(R, T, KVH, G, hd).transpose(0, 2, 3, 1, 4).reshape(R, KVH, G * T, hd)
     scores = jnp.einsum("bkmh,bksh->bkms", qt, k).reshape(R, KVH, G, T, S)
@@ -148,13 +170,12 @@ def _ragged_decode(q, k_pages, v_pages, page_table, kv_len, q_start, live_pages:
 
     The pairs are row-major: pair j belongs to the row whose page range (a cumulative sum of pages
     per row) holds j; pairs past the total point at page 0 and at row R, which every segment
-    reduction drops. Shaped for XLA:CPU (docs/paged-attention.md): pages gathered as flat rows
-    (:func:`_gather_pages`), the scores as a dot over ``hd`` (a multiply-reduce over the minor
-    dimension is not vectorised), the mix as a multiply-reduce over the page's positions (``hd``
-    stays minor), each pass over the gathered pages once.
+    reduction drops. In the pools' layout both products are plain batched matmuls over the
+    (pair, KV head) batch, with no transposed copy of the gathered pages: the scores
+    ``[G, hd] x [hd, page_size]`` against the transposed keys, the mix ``[G, page_size] x [page_size, hd]``.
     """
     R, _, H, hd = q.shape
-    _, ps, KVH, _ = k_pages.shape
+    _, KVH, _, ps = k_pages.shape
     G, P = H // KVH, page_table.shape[1]
     pages = jnp.minimum((kv_len + ps - 1) // ps, P)  # [R]
     ends = jnp.cumsum(pages)
@@ -165,31 +186,20 @@ def _ragged_decode(q, k_pages, v_pages, page_table, kv_len, q_start, live_pages:
     index = j - (ends[r] - pages[r])  # page number within its row
     page = jnp.where(live, page_table[r, jnp.clip(index, 0, P - 1)], 0)
     key_pos = index[:, None] * ps + jnp.arange(ps, dtype=jnp.int32)[None, :]  # [L, ps]
-    visible = live[:, None] & (key_pos < kv_len[r][:, None]) & (key_pos <= q_start[r][:, None])
+    visible = (live[:, None] & (key_pos < kv_len[r][:, None]) & (key_pos <= q_start[r][:, None]))[:, None, None, :]
     f = _at_least_float32(q.dtype)
-    k = _gather_pages(k_pages, page)  # [L, ps, KVH, hd]
-    v = jnp.where(visible[:, :, None, None], _gather_pages(v_pages, page), 0)  # unwritten slots may hold NaN
+    k = k_pages[page]  # [L, KVH, hd, ps]
+    v = jnp.where(jnp.swapaxes(visible, -1, -2), v_pages[page], 0)  # [L, KVH, ps, hd]; the pool may hold NaN
     qg = q[r, 0].reshape(live_pages, KVH, G, hd)
-    scores = jnp.einsum("lkgh,lpkh->lkgp", qg, k, preferred_element_type=f) / math.sqrt(hd)  # [L, KVH, G, ps]
-    scores = jnp.where(visible[:, None, None, :], scores, jnp.finfo(f).min)
+    scores = jnp.einsum("lkgh,lkhp->lkgp", qg, k, preferred_element_type=f) / math.sqrt(hd)  # [L, KVH, G, ps]
+    scores = jnp.where(visible, scores, jnp.finfo(f).min)
     top = jax.ops.segment_max(jnp.max(scores, axis=-1), row, R, indices_are_sorted=True)  # [R, KVH, G]
-    weights = jnp.where(visible[:, None, None, :], jnp.exp(scores - top[r][..., None]), 0)
+    weights = jnp.where(visible, jnp.exp(scores - top[r][..., None]), 0)
     total = jax.ops.segment_sum(jnp.sum(weights, axis=-1), row, R, indices_are_sorted=True)
-    weights = weights.transpose(0, 3, 1, 2)  # [L, ps, KVH, G]: the mix reduces a major axis, hd minor
-    mixed = jnp.sum(weights[..., None] * v.astype(f)[:, :, :, None, :], axis=1)  # [L, KVH, G, hd]
+    mixed = jnp.einsum("lkgp,lkph->lkgh", weights, v.astype(f))  # [L, KVH, G, hd]
     out = jax.ops.segment_sum(mixed, row, R, indices_are_sorted=True)  # [R, KVH, G, hd]
     out = out / jnp.where(total > 0, total, 1)[..., None]
     return out.reshape(R, 1, H, hd)
-
-
-def _gather_pages(pool, page):
-    """``pool[page]`` (``[L, page_size, KVH, hd]``). Outside a mesh the pages are gathered as flat
-    rows of ``page_size * KVH * hd`` (XLA:CPU runs that gather ~4x faster than the 4-D one); under a
-    mesh the 4-D gather keeps a pool sharded over KV heads sharded (a flat row spans the heads)."""
-    if active_mesh() is not None:
-        return pool[page]
-    N = pool.shape[0]
-    return pool.reshape(N, -1)[page].reshape(page.shape[0], *pool.shape[1:])
 
 
 def _pallas(q, k_pages, v_pages, page_table, kv_len, q_len):
@@ -231,7 +241,8 @@ def _pallas_layout(q, k_pages, v_pages, page_table, kv_len, q_len):
     pool that way.
     """
     R, T, H, hd = q.shape
-    N, ps, KVH, _ = k_pages.shape
+    N, KVH, _, ps = k_pages.shape
+    k_pages, v_pages = token_major(k_pages, v_pages)  # [N, ps, KVH, hd]
     G, kvh, hdp = H // KVH, _pallas_kv_heads(KVH, k_pages.dtype), -(-hd // 128) * 128
     pad = ((0, 0),) * 2 + ((0, kvh - KVH), (0, hdp - hd))
     kv = jnp.stack([jnp.pad(k_pages, pad), jnp.pad(v_pages, pad)], axis=3).reshape(N, ps, 2 * kvh, hdp)

@@ -439,11 +439,11 @@ class Engine:
         # the decoding sequences packed into a power-of-two number of rows (at least 8, at most
         # max_slots): a step costs what is in flight, not max_slots, as the tail of a batch drains.
         # One page-table width for every step; the attention reads only the live pages (ragged: work
-        # in proportion to the tokens in flight), also in power-of-two buckets: few compiled programs.
+        # in proportion to the tokens in flight), bucketed by live_pages_bucket: few compiled programs.
         S = min(bucket_length(len(rows), 8, 1), self.max_slots)
         rows += [None] * (S - len(rows))
         width = self.max_pages_per_sequence
-        live = bucket_length(sum(len(s.pages) for s in rows if s is not None), 16, 1)
+        live = live_pages_bucket(sum(len(s.pages) for s in rows if s is not None))
         tokens, start, active = np.zeros(S, np.int32), np.zeros(S, np.int32), np.zeros(S, np.int32)
         table = np.full((S, width), NULL_PAGE, np.int32)
         for i, s in enumerate(rows):
@@ -501,6 +501,14 @@ class Engine:
         seq.state = "finished"
         del self._sequences[seq.id]
         self._finished[seq.id] = Output(seq.id, seq.prompt, seq.generated, seq.logprobs, reason, seq.top)
+
+
+def live_pages_bucket(pages: int) -> int:
+    """The ``live_pages`` a decode step over ``pages`` live pages compiles for: 32, 48, 64, 96, 128, ...
+    (two buckets per power of two). The ragged attention's time grows with the bucket, so powers of two
+    alone would spend up to half of it on padding pairs; each bucket a run meets is one more compiled
+    decode program."""
+    return bucket_length(pages, 32, 2)
 
 
 def _same_arrays(a, b) -> bool:

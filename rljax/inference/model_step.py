@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rljax.inference.attention import ragged_paged_attention, write_kv
+from rljax.inference.attention import POOL_AXES, pool_shapes, ragged_paged_attention, write_kv
 from rljax.models.transformer import rms_norm, rope_inverse_frequencies, rope_tables
 from rljax.sampling import categorical_from_uniform
 from rljax.sharding import active_mesh, active_rules, logical_to_spec
@@ -41,14 +41,17 @@ def decode_weights(graphdef, states) -> dict:
 
 
 def empty_pages(config, num_pages: int, page_size: int, dtype) -> tuple[tuple, tuple]:
-    """Keys and values: one zeroed ``[num_pages, page_size, KVH, hd]`` array per layer each; under a
-    mesh (``rljax.sharding.use_mesh``) split over it as the model's KV heads are."""
-    shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
+    """Keys and values: one zeroed pool per layer each (:func:`rljax.inference.attention.pool_shapes`);
+    under a mesh (``rljax.sharding.use_mesh``) split over it as the model's KV heads are."""
     mesh = active_mesh()
-    sharding = None if mesh is None else NamedSharding(
-        mesh, logical_to_spec((None, None, "kv_heads", None), shape, mesh, active_rules()))
-    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
-    return tuple(zeros() for _ in range(config.num_layers)), tuple(zeros() for _ in range(config.num_layers))
+
+    def zeros(shape):
+        sharding = None if mesh is None else NamedSharding(mesh, logical_to_spec(POOL_AXES, shape, mesh, active_rules()))
+        return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+    k_shape, v_shape = pool_shapes(num_pages, page_size, config.num_kv_heads, config.head_dim)
+    k_zeros, v_zeros = zeros(k_shape), zeros(v_shape)
+    return tuple(k_zeros() for _ in range(config.num_layers)), tuple(v_zeros() for _ in range(config.num_layers))
 
 
 def _forward(graphdef, states, weights, kv, tokens, start, length, page_table, live_pages):

@@ -1,9 +1,9 @@
 """The host side of the paged KV cache: which pages are free, who holds each page, and which prompts
 already have their keys and values in pages.
 
-The device side is one ``[num_pages, page_size, KVH, hd]`` array of keys and one of values per layer
-(:mod:`rljax.inference.model_step`); this module only hands out page ids. Page 0 is the null page:
-never handed out, it absorbs the writes of padding tokens and fills unused page-table entries.
+The device side is one pool of keys and one of values per layer (``rljax.inference.attention.pool_shapes``,
+:mod:`rljax.inference.model_step`); this module only hands out page ids. Page 0 is the null page:
+never handed out, it fills unused page-table entries (padding tokens write nothing).
 
 A page can have several holders (reference counts): each sequence whose page table lists it, and the
 prefix cache. The prefix cache keeps two kinds of entries, both dropped least recently used first

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.inference.attention import (_pallas_kv_heads, _pallas_layout, _pallas_unpack, ragged_paged_attention,
-                                      write_kv)
+from rljax.inference.attention import (_pallas_kv_heads, _pallas_layout, _pallas_unpack, pool_shapes,
+                                      ragged_paged_attention, to_pools, token_major, write_kv)
 from rljax.models.transformer import _attention
 
 PS = 4  # page size
@@ -40,6 +40,7 @@ def _case(kv_len, q_len, *, T, KVH=2, G=3, hd=8, seed=0, dtype=np.float32, fill=
             k_pages[table[r, p // PS], p % PS] = k_rows[r, p]
             v_pages[table[r, p // PS], p % PS] = v_rows[r, p]
     q = (2 * rng.normal(size=(R, T, KVH * G, hd))).astype(dtype)
+    k_pages, v_pages = to_pools(k_pages, v_pages)
     arrays = dict(q=q, k_pages=k_pages, v_pages=v_pages, page_table=table, kv_len=kv_len,
                   q_start=kv_len - q_len, q_len=q_len)
     return {name: jnp.asarray(a) for name, a in arrays.items()}, jnp.asarray(k_rows), jnp.asarray(v_rows)
@@ -159,7 +160,7 @@ def test_write_kv_writes_each_row_to_its_own_pages_and_drops_padding():
     for r in range(R):  # the pages each row holds after the write (no more)
         n = -(-(q_start[r] + q_len[r]) // PS)
         table[r, :n] = ids[5 * r:5 * r + n]
-    pools = [rng.normal(size=(N, PS, KVH, hd)).astype(np.float32) for _ in range(2)]
+    pools = [rng.normal(size=(N, PS, KVH, hd)).astype(np.float32) for _ in range(2)]  # token-major
     new = [rng.normal(size=(R, T, KVH, hd)).astype(np.float32) for _ in range(2)]
     expected = [p.copy() for p in pools]
     for r in range(R):
@@ -168,20 +169,22 @@ def test_write_kv_writes_each_row_to_its_own_pages_and_drops_padding():
             for e, n_ in zip(expected, new):
                 e[table[r, pos // PS], pos % PS] = n_[r, t]
     args = (jnp.asarray(table), jnp.asarray(q_start), jnp.asarray(q_len))
-    eager = write_kv(*map(jnp.asarray, pools), *map(jnp.asarray, new), *args)
-    jitted = jax.jit(write_kv, donate_argnums=(0, 1))(*map(jnp.asarray, pools), *map(jnp.asarray, new), *args)
+    eager = write_kv(*to_pools(*map(jnp.asarray, pools)), *map(jnp.asarray, new), *args)
+    jitted = jax.jit(write_kv, donate_argnums=(0, 1))(*to_pools(*map(jnp.asarray, pools)), *map(jnp.asarray, new), *args)
     for got in (eager, jitted):
-        for g, e in zip(got, expected):
+        for g, e in zip(token_major(*got), expected):
             np.testing.assert_array_equal(g, e)  # every other slot, page 0 included, unchanged
 
 
 def test_write_kv_into_donated_pools_copies_no_pool():
     """In place: with the pools donated the compiled program aliases them to its outputs and holds
     no copy of a pool; without donation XLA must copy both (so the check can see a copy)."""
-    pool, new = jax.ShapeDtypeStruct((64, PS, 2, 8), jnp.float32), jax.ShapeDtypeStruct((3, 2, 2, 8), jnp.float32)
+    k_pool, v_pool = (jax.ShapeDtypeStruct(shape, jnp.float32) for shape in pool_shapes(64, PS, 2, 8))
+    new = jax.ShapeDtypeStruct((3, 2, 2, 8), jnp.float32)
     rows = jax.ShapeDtypeStruct((3,), jnp.int32)
-    args = (pool, pool, new, new, jax.ShapeDtypeStruct((3, 4), jnp.int32), rows, rows)
-    pool_copies = lambda hlo: [line for line in hlo.splitlines() if "copy(" in line and "f32[64,4,2,8]" in line]
+    args = (k_pool, v_pool, new, new, jax.ShapeDtypeStruct((3, 4), jnp.int32), rows, rows)
+    pool_copies = lambda hlo: [line for line in hlo.splitlines()
+                               if "copy(" in line and ("f32[64,2,8,4]" in line or "f32[64,2,4,8]" in line)]
     donated = jax.jit(write_kv, donate_argnums=(0, 1)).lower(*args).compile().as_text()
     assert pool_copies(donated) == [] and "input_output_alias" in donated
     assert len(pool_copies(jax.jit(write_kv).lower(*args).compile().as_text())) == 2
@@ -198,7 +201,7 @@ def test_chunked_prefill_then_decode_through_write_kv_equals_dense_causal_attent
     q_all = jnp.asarray(2 * rng.normal(size=(R, L, KVH * G, hd)), jnp.float32)
     N, P = 16, -(-L // PS)
     table = jnp.asarray(rng.permutation(np.arange(1, N))[:R * P].reshape(R, P).astype(np.int32))
-    pools = [jnp.full((N, PS, KVH, hd), jnp.nan, jnp.float32) for _ in range(2)]
+    pools = [jnp.full(shape, jnp.nan, jnp.float32) for shape in pool_shapes(N, PS, KVH, hd)]
     write, attend = jax.jit(write_kv), jax.jit(ragged_paged_attention, static_argnames=("live_pages", "impl"))
     outs = np.zeros((R, L, KVH * G, hd), np.float32)
     starts = [0, T, 2 * T]  # two chunks of T, then one token (rows shorter than a step sit idle)

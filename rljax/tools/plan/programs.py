@@ -376,6 +376,8 @@ def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_by
 
     from rljax.buckets import bucket_length
     from rljax.inference import model_step
+    from rljax.inference.attention import POOL_AXES, pool_shapes
+    from rljax.inference.engine import live_pages_bucket
     from rljax.sharding import logical_to_spec, replicated
 
     s, c = cfg.sampling, config
@@ -384,10 +386,9 @@ def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_by
     per_seq = math.ceil((P + N) / ps)
     num_pages = rows * per_seq + 1
     itemsize = jnp.dtype(_dtype_of(cfg)).itemsize
-    shape = (num_pages, ps, c.num_kv_heads, c.head_dim)
-    pool = _spec(shape, _dtype_of(cfg), NamedSharding(mesh, logical_to_spec((None, None, "kv_heads", None), shape,
-                                                                             mesh, rules)))
-    kv = (tuple(pool for _ in range(c.num_layers)), tuple(pool for _ in range(c.num_layers)))
+    pools = [_spec(shape, _dtype_of(cfg), NamedSharding(mesh, logical_to_spec(POOL_AXES, shape, mesh, rules)))
+             for shape in pool_shapes(num_pages, ps, c.num_kv_heads, c.head_dim)]
+    kv = tuple(tuple(pool for _ in range(c.num_layers)) for pool in pools)
     rep = replicated(mesh)
     i32, f32 = jnp.int32, jnp.float32
     states = (params, frozen)
@@ -406,7 +407,7 @@ def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_by
     prefill.decode_steps = 0
     sampling = {"seed": _spec((S,), jnp.uint32, rep), "counter": _spec((S,), i32, rep),
                 "temperature": _spec((S,), f32, rep), "top_k": _spec((S,), i32, rep), "top_p": _spec((S,), f32, rep)}
-    live = bucket_length(rows * per_seq, 16, 1)
+    live = live_pages_bucket(rows * per_seq)
     filtered = bool(s.top_k) or s.top_p < 1
     step = S * (2 * _matmul_params(config) + 4 * c.num_layers * c.num_heads * c.head_dim * (P + N // 2))
     decode = _compile(
@@ -419,7 +420,7 @@ def _engine(cfg, config, graphdef, params, frozen, R, P, N, mesh, rules, free_by
     kv_read = 2 * c.num_layers * rows * (P + N // 2) * c.num_kv_heads * c.head_dim * itemsize
     steps = math.ceil(R / S) * N
     decode.decode_steps, decode.decode_flops, decode.decode_bytes = steps - 1, step, (weight_bytes + kv_read) / n
-    page_bytes = _chip_bytes(pool) / num_pages
+    page_bytes = _chip_bytes(kv) / num_pages  # a page holds its tokens' keys and values in every layer
     fit = int(max(free_bytes - decode.temp_bytes - _chip_bytes(weights), 0) // page_bytes)
     decode.note = (f"KV pages per chip: {fit:,} of {ps} tokens ({fit * ps:,} concurrent tokens) beside the run's "
                    f"state, the decode weights and the decode step's temporaries; this step needs "
