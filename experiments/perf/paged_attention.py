@@ -11,10 +11,14 @@ Shapes: SmolLM2-135M's attention (9 query heads, 3 KV heads, head dim 64), one l
 Also the KV write (``write_kv``) into a donated pool of two sizes: an in-place scatter costs the
 same for both, a copy of the pool grows with it.
 
-Each program is jitted and warmed up; the median of ``--repeats`` timed calls is reported, the paths
-interleaved so the machine's load hits all alike.
+``--lengths R:T`` replaces the log-normal lengths by R rows of T keys each (the padded cache is then
+T + 33 slots, a 32-token generation's cache as the static sampler buckets it, unless ``--padded``
+says otherwise). Each program is jitted and warmed up; the median of ``--repeats`` timed calls is
+reported, the paths interleaved so the machine's load hits all alike. The ragged path runs at the
+exact live-page count, at the engine's bucket (``live_pages_bucket``) and at two coarser ones.
 
     python experiments/perf/paged_attention.py --repeats 50
+    python experiments/perf/paged_attention.py --lengths 64:144 --repeats 40
 """
 
 from __future__ import annotations
@@ -29,21 +33,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.inference.attention import pool_shapes, ragged_paged_attention, to_pools, write_kv
+from rljax.inference.engine import live_pages_bucket
 from rljax.models.transformer import _attention_one_query
 
-R, PS, KVH, HD, H, PADDED = 64, 16, 3, 64, 9, 576
+PS, KVH, HD, H = 16, 3, 64, 9
 
 
-def lengths(seed: int = 0) -> np.ndarray:
+def lengths(spec: str, seed: int = 0) -> np.ndarray:
+    """``"heavy"``: 64 log-normal lengths (median 64, sigma 1, cut at 512); ``"R:T"``: R rows of T."""
+    if spec != "heavy":
+        rows, keys = (int(x) for x in spec.split(":"))
+        return np.full(rows, keys, np.int32)
     rng = np.random.default_rng(seed)
-    return np.clip(np.round(np.exp(rng.normal(np.log(64), 1.0, size=R))), 1, 512).astype(np.int32)
+    return np.clip(np.round(np.exp(rng.normal(np.log(64), 1.0, size=64))), 1, 512).astype(np.int32)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--lengths", default="heavy", help="'heavy' (log-normal) or R:T (R rows of T keys)")
+    parser.add_argument("--padded", type=int, default=None, help="slots of the static sampler's padded cache")
     args = parser.parse_args()
-    kv_len = lengths()
+    kv_len = lengths(args.lengths)
+    R = len(kv_len)
+    PADDED = args.padded or (576 if args.lengths == "heavy" else int(kv_len.max()) + 33)
     pages = -(-kv_len // PS)
     P, live = int(pages.max()), int(pages.sum())
     N = 1 + live
@@ -71,7 +84,7 @@ def main():
                                                        live_pages=live, impl="ragged"),
         **{f"ragged, live_pages = {b} (bucketed)": functools.partial(
             attend, q, k_pages, v_pages, jnp.asarray(table), kv, q_start, q_len, live_pages=b, impl="ragged")
-           for b in (-(-live // 64) * 64, -(-live // 256) * 256)},
+           for b in sorted({live_pages_bucket(live), -(-live // 64) * 64, -(-live // 256) * 256} - {live})},
         f"padded {PADDED}-slot cache (_attention_one_query)": functools.partial(
             jax.jit(_attention_one_query), q, k_pad, v_pad, key_mask, q_start[:, None]),
     }

@@ -6,8 +6,9 @@ The layout (one layer):
   (:func:`pool_shapes`; :func:`to_pools` builds them from token-major ``[N, page_size, KVH, hd]``
   pages). Keys are stored transposed within a page so that both products of a decode step are
   batched matmuls on the gathered pages as they are, with no transposed copy (on CPU about a
-  quarter of the attention's time; docs/paged-attention.md has the measurements). Page 0 is the null page: it is never given to a sequence, padded page-table
-  entries point at it, and nothing read from it reaches an output.
+  quarter of the attention's time; docs/paged-attention.md has the measurements). Page 0 is the
+  null page: it is never given to a sequence, padded page-table entries point at it, and nothing
+  read from it reaches an output.
 - ``q`` ``[R, T, H, hd]`` (``H = KVH * G``, grouped-query heads): R rows of up to T query tokens
   (T = 1 in a decode step, T > 1 for a prefill chunk). Row r's query t sits at position
   ``q_start[r] + t`` for ``t < q_len[r]``; the others are padding (their output is 0).
