@@ -148,7 +148,9 @@ class SamplingSection:
     engine: Literal["paged", "static"] = "paged"
     max_slots: int = 64  # sequences the engine decodes together
     page_size: int = 16  # tokens per KV page
-    num_pages: Optional[int] = None  # KV pages (null: sized from the memory the weights leave)
+    # KV pages (null: from the memory the weights leave, at most max_slots sequences of the run's
+    # longest: data.max_prompt_length + max_new_tokens, or environment.max_tokens)
+    num_pages: Optional[int] = None
 
     def validate(self) -> None:
         # the sampler (rljax.sampling.SamplingConfig) refuses these too, but only once the model is loaded

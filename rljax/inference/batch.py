@@ -76,10 +76,12 @@ def _sample_output(outputs: list[Output], config: SamplingConfig) -> SampleOutpu
     return SampleOutput(tokens=tokens, logprobs=logprobs, mask=out_mask, finished=finished)
 
 
-def engine_for(policy, section) -> Engine | None:
+def engine_for(policy, section, *, max_context: int | None = None) -> Engine | None:
     """The engine a run's ``sampling`` section asks for (``engine: paged``, with its ``max_slots``,
     ``page_size`` and ``num_pages``), or None for the static sampler (``engine: static``, or a run over
-    several processes: the engine drives the devices of one host)."""
+    several processes: the engine drives the devices of one host). ``max_context``: the run's longest
+    sequence (``Engine``'s; None: the model's context)."""
     if getattr(section, "engine", "static") != "paged" or jax.process_count() > 1:
         return None
-    return Engine(policy, max_slots=section.max_slots, page_size=section.page_size, num_pages=section.num_pages)
+    return Engine(policy, max_slots=section.max_slots, page_size=section.page_size, num_pages=section.num_pages,
+                  max_context=max_context)

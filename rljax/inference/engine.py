@@ -121,6 +121,9 @@ class Engine:
     ``num_pages``: the pool's size including the reserved null page; ``None`` sizes it from the
     memory left (:func:`default_num_pages`). ``prefill_chunk``: the most prompt tokens of one sequence
     prefilled in one step; ``prefill_tokens``: the most tokens of one prefill call (all its rows).
+    ``max_context``: the longest sequence (prompt + new tokens) a request may ask for, at most the
+    model's context (the default); it also bounds the pool ``num_pages=None`` sizes, so a caller
+    that knows its longest sequence (a trainer) holds the pages it can use, not a share of memory.
     """
 
     def __init__(self, model, max_slots: int = 64, page_size: int = 16, num_pages: int | None = None, *,
@@ -238,8 +241,10 @@ class Engine:
             raise UserError(f"max_tokens must be an integer >= 1, got {r.max_tokens!r}")
         total = len(prompt) + r.max_tokens
         if total > self.max_context:
+            whose = ("the model's context" if self.max_context == self.config.max_position_embeddings
+                     else "the engine's max_context")
             raise UserError(f"max_tokens: prompt ({len(prompt)}) + max_tokens ({r.max_tokens}) = {total} "
-                            f"exceeds the model's context of {self.max_context} tokens")
+                            f"exceeds {whose} of {self.max_context} tokens")
         if math.ceil(total / self.page_size) > self.pool.capacity:
             raise UserError(f"max_tokens: prompt + max_tokens = {total} tokens needs more pages than the "
                             f"whole pool holds ({self.pool.capacity} pages of {self.page_size})")

@@ -301,8 +301,18 @@ class OnlineTrainer:
         """The run's rollout engine (``sampling.engine: paged``, one process), built on first use; it
         is given the current weights at each rollout. None: the static sampler."""
         if self._engine is None:
-            self._engine = engine_for(self._sampling_policy(), self.cfg.sampling) or False
+            self._engine = engine_for(self._sampling_policy(), self.cfg.sampling,
+                                      max_context=self.longest_sequence()) or False
         return self._engine or None
+
+    def longest_sequence(self) -> int:
+        """The most tokens one sampled sequence can hold: an environment's trajectory
+        (``environment.max_tokens``), else the longest prompt (``data.max_prompt_length``: a longer one
+        is refused) and ``sampling.max_new_tokens`` (training's and evaluation's). The engine refuses a
+        longer request and sizes its default page pool by it (``num_pages: null``)."""
+        if self.make_env is not None:
+            return self.cfg.environment.max_tokens
+        return self.cfg.data.max_prompt_length + self.cfg.sampling.max_new_tokens
 
     def _sample_episodes(self, examples: list[dict], key, *, repeats: int, evaluation: bool, policy) -> Rollout:
         env, sampling = self.cfg.environment, self.eval_sampling if evaluation else self.sampling

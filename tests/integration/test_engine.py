@@ -163,7 +163,7 @@ def test_a_cancelled_request_frees_its_pages_and_slot(model, prompts):
 @pytest.mark.parametrize("field, bad, message", [
     ("prompt_ids", [], "prompt_ids: empty"),
     ("max_tokens", 0, "max_tokens must be an integer >= 1"),
-    ("max_tokens", 10_000, "exceeds the model's context"),
+    ("max_tokens", 10_000, "exceeds the engine's max_context of 256 tokens"),
     ("temperature", -0.5, "temperature must be a finite number >= 0"),
     ("temperature", float("nan"), "temperature must be a finite number >= 0"),
     ("top_p", 0.0, "top_p must be in (0, 1]"),
@@ -184,6 +184,14 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(model, prompts, f
     while engine.has_work():
         finished += engine.step()
     assert [o.request_id for o in finished] == [good]
+
+
+def test_without_max_context_a_request_is_bounded_by_the_models_context(model, prompts):
+    engine = Engine(model, max_slots=2, page_size=PAGE, num_pages=64)
+    context = model.config.max_position_embeddings
+    assert engine.max_context == context
+    with pytest.raises(UserError, match=f"exceeds the model's context of {context} tokens"):
+        engine.submit(Request(prompt_ids=prompts[0], max_tokens=context))
 
 
 def test_a_request_longer_than_the_pool_is_refused_at_once(model, prompts):
@@ -229,3 +237,22 @@ def test_the_next_turn_prefills_only_its_new_tokens(model, prompts):
     assert engine.stats["page_cache_hits"] == 35 // PAGE
     assert engine.stats["prefill_tokens"] - before == len(turn) - (35 // PAGE) * PAGE
     assert second.token_ids == _alone(model, turn, 6)
+
+
+@pytest.mark.parametrize("sections,longest", [
+    ({"rewards": {"answer": 1.0}}, 64 + 8),  # tests/_tiny.py's run: prompts of at most 64 tokens, 8 new tokens
+    ({"rewards": {"answer": 1.0}, "sampling": {"max_new_tokens": 40}}, 64 + 40),
+    ({"environment": {"name": "toy", "max_tokens": 100}, "rewards": {}}, 100),  # a trajectory's tokens
+])
+def test_a_trainers_engine_holds_the_pages_its_longest_sequence_needs(tiny_run_config, tmp_path, sections, longest):
+    from rljax.training import OnlineTrainer
+
+    trainer = OnlineTrainer(tiny_run_config(tmp_path, **sections))
+    engine = trainer.engine()
+    assert trainer.longest_sequence() == engine.max_context == longest
+    # num_pages: null, and the tiny model's 2,048-token context left room for 64 x 128 pages + the null
+    # page; the run can use at most 64 slots x ceil(longest / 16) pages
+    assert engine.stats["num_pages"] == 64 * -(-longest // 16) + 1
+    with pytest.raises(UserError, match=f"= {longest + 1} exceeds the engine's max_context of {longest} tokens"):
+        engine.generate([Request(prompt_ids=[5] * (longest - 7), max_tokens=8)])
+    assert engine.generate([Request(prompt_ids=[5] * (longest - 8), max_tokens=8, seed=1)])[0].finish_reason
