@@ -110,12 +110,18 @@ if _COMPILE_LOG:
     from jax import monitoring
 
     _phase_seconds: collections.Counter = collections.Counter()  # per phase, and "programs": how many compiled
+    _programs: collections.Counter = collections.Counter()  # per compiled function: how many
+    _program_seconds: collections.Counter = collections.Counter()  # per compiled function: compile seconds
 
-    def _count_phase(event, duration_secs, **_):
+    def _count_phase(event, duration_secs, **kwargs):
         name = COMPILE_EVENTS.get(event)
         if name:
             _phase_seconds[name] += duration_secs
             _phase_seconds["programs"] += name == "compile"
+        if name == "compile":  # JAX names the program (jit_update_epochs, ...): which functions compile how often
+            fun = "".join(c if c.isalnum() or c in "_.()-" else "_" for c in str(kwargs.get("fun_name", "?")))
+            _programs[fun] += 1
+            _program_seconds[fun] += duration_secs
 
     monitoring.register_event_duration_secs_listener(_count_phase)
 
@@ -123,16 +129,20 @@ if _COMPILE_LOG:
     def pytest_runtest_protocol(item, nextitem):
         """``RLJAX_TEST_COMPILE_LOG=path``: append one tab-separated line per test to ``path``: its id,
         wall seconds, this process's CPU seconds, finished child processes' CPU seconds, and the seconds
-        JAX spent tracing, lowering and compiling in this process, and the number of programs compiled
-        (or loaded from a persistent cache) (``tests/durations.py --compile-log`` reads it)."""
+        JAX spent tracing, lowering and compiling in this process, the number of programs compiled
+        (or loaded from a persistent cache), and per compiled function ``name=count:seconds`` joined
+        by ``;`` (``tests/durations.py --compile-log`` reads it)."""
         _phase_seconds.clear()
+        _programs.clear()
+        _program_seconds.clear()
         wall, cpu = time.perf_counter(), time.process_time()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         yield
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         child_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         fields = [item.nodeid, time.perf_counter() - wall, time.process_time() - cpu, child_cpu,
-                  *(float(_phase_seconds[name]) for name in COMPILE_EVENTS.values()), str(_phase_seconds["programs"])]
+                  *(float(_phase_seconds[name]) for name in COMPILE_EVENTS.values()), str(_phase_seconds["programs"]),
+                  ";".join(f"{fun}={n}:{_program_seconds[fun]:.3f}" for fun, n in sorted(_programs.items()))]
         with open(_COMPILE_LOG, "a") as f:
             f.write("\t".join(f"{x:.3f}" if isinstance(x, float) else x for x in fields) + "\n")
 

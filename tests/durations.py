@@ -10,7 +10,8 @@ A test's time is JUnit's (setup + call + teardown, so a module fixture counts in
 (``python -m pytest tests/unit``) stays quick; such a test belongs in tests/integration/.
 ``--compile-log`` reads the per-test file that ``RLJAX_TEST_COMPILE_LOG`` makes ``tests/conftest.py``
 write and splits each file's CPU time into JAX tracing, lowering, XLA compiling, the rest of the
-process (running, Python) and its finished subprocesses.
+process (running, Python) and its finished subprocesses, then lists the compiled functions by their
+compile seconds (how many programs each, from how many files): which programs to share.
 """
 import argparse
 import collections
@@ -69,11 +70,21 @@ def compile_report(paths, *, top, out=sys.stdout):
     """Per-file CPU seconds from ``RLJAX_TEST_COMPILE_LOG`` files, split by JAX's compile phases."""
     columns = ("wall", "cpu", "children", "trace", "lower", "compile", "programs")
     by_file = collections.defaultdict(lambda: collections.Counter())
+    # per compiled function: programs, compile seconds, and the files that compiled it
+    programs, program_seconds = collections.Counter(), collections.Counter()
+    program_files = collections.defaultdict(set)
     for path in paths:
         with open(path) as f:
             for line in f:
                 nodeid, *values = line.rstrip("\n").split("\t")
-                by_file[nodeid.split("::")[0]].update(dict(zip(columns, map(float, values))))
+                file = nodeid.split("::")[0]
+                by_file[file].update(dict(zip(columns, map(float, values[:len(columns)]))))
+                for item in (values[len(columns)].split(";") if len(values) > len(columns) and values[-1] else []):
+                    fun, _, rest = item.rpartition("=")
+                    count, _, seconds = rest.partition(":")
+                    programs[fun] += int(count)
+                    program_seconds[fun] += float(seconds)
+                    program_files[fun].add(file)
     total = collections.Counter()
     for counts in by_file.values():
         total.update(counts)
@@ -91,6 +102,12 @@ def compile_report(paths, *, top, out=sys.stdout):
     for file, counts in sorted(by_file.items(), key=lambda kv: -kv[1]["cpu"] - kv[1]["children"])[:top]:
         print(row(file, counts), file=out)
     print(row(f"all {len(by_file)} files", total), file=out)
+    if programs:
+        print(f"\ncompiled programs by function, most compile seconds first (top {top} of {len(programs)}; "
+              "a program loaded from the persistent cache counts, with its load time):", file=out)
+        print(f"{'seconds':>8} {'programs':>8} {'files':>5}  function", file=out)
+        for fun, seconds in program_seconds.most_common(top):
+            print(f"{seconds:>8.1f} {programs[fun]:>8d} {len(program_files[fun]):>5d}  {fun}", file=out)
     return total
 
 

@@ -1,5 +1,5 @@
 """``RLJAX_TEST_COMPILE_LOG`` (tests/conftest.py): a pytest run writes one line per test with the
-seconds JAX spent tracing, lowering and compiling, and the programs it compiled."""
+seconds JAX spent tracing, lowering and compiling, and the programs it compiled, per function."""
 
 import os
 import subprocess
@@ -39,6 +39,11 @@ def test_each_test_gets_a_line_with_its_compile_phases(tmp_path):
     rows = [line.rstrip("\n").split("\t") for line in log.read_text().splitlines()]
     assert [r[0].split("::")[1] for r in rows] == ["test_two_programs", "test_nothing_compiled"]
     two, none = rows
-    assert len(two) == 8 and int(two[7]) >= 2 and float(two[6]) > 0 and float(two[4]) > 0  # compiled and traced
-    assert int(none[7]) == 0 and float(none[6]) == 0.0
+    assert len(two) == 9 and int(two[7]) >= 2 and float(two[6]) > 0 and float(two[4]) > 0  # compiled and traced
+    assert int(none[7]) == 0 and float(none[6]) == 0.0 and none[8] == ""
+    # per compiled function, name=count:seconds: as many programs as counted, named after the functions
+    functions = {fun: rest.split(":") for fun, _, rest in (item.rpartition("=") for item in two[8].split(";"))}
+    assert sum(int(n) for n, _ in functions.values()) == int(two[7]), two[8]
+    assert any("lambda" in fun for fun in functions), two[8]
+    assert abs(sum(float(s) for _, s in functions.values()) - float(two[6])) < 0.01, two  # the compile seconds
     assert float(two[1]) >= float(two[6])  # wall time holds the compile time

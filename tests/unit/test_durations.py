@@ -52,3 +52,25 @@ def test_the_compile_log_splits_each_files_cpu_into_compile_phases(tmp_path):
     assert lines[3].split() == ["14.0", "12.5", "1.5", "2.5", "7.0", "1.5", "0.0", "10", "tests/integration/test_c.py"]
     assert lines[4].split()[:8] == ["34.0", "13.5", "1.5", "2.5", "7.5", "2.0", "30.0", "11"]
     assert total["programs"] == 11 and total["compile"] == 7.5
+    assert len(lines) == 5  # lines without the per-function field (older logs) list no functions
+
+
+# the same lines with the per-function field: name=count:seconds joined by ";"
+COMPILE_LOG_FUNCTIONS = (
+    "tests/integration/test_c.py::test_a\t10.0\t9.0\t0.0\t1.0\t2.0\t5.0\t7\tjit_update_epochs=2:4.000;jit_sum=5:1.000\n"
+    "tests/integration/test_c.py::test_b[x]\t4.0\t3.5\t0.0\t0.5\t0.5\t2.0\t3\tjit_update_epochs=3:2.000\n"
+    "tests/system/test_d.py::test_procs\t20.0\t1.0\t30.0\t0.0\t0.0\t0.5\t1\tjit_sum=1:0.500\n"
+    "tests/system/test_d.py::test_none\t1.0\t1.0\t0.0\t0.0\t0.0\t0.0\t0\t\n")
+
+
+def test_the_compile_log_lists_the_compiled_functions_by_compile_seconds(tmp_path):
+    path = tmp_path / "compile.tsv"
+    path.write_text(COMPILE_LOG_FUNCTIONS)
+    out = io.StringIO()
+    total = durations.compile_report([path], top=5, out=out)
+    lines = out.getvalue().splitlines()
+    assert total["programs"] == 11 and total["wall"] == 35.0  # the per-function field does not shift the columns
+    start = next(i for i, line in enumerate(lines) if line.startswith("compiled programs by function"))
+    # seconds, programs, files: update_epochs 4 + 2 s in 2 + 3 programs of one file; sum 1 + 0.5 s in 5 + 1 of two
+    assert [line.split() for line in lines[start + 2:]] == [["6.0", "5", "1", "jit_update_epochs"],
+                                                           ["1.5", "6", "2", "jit_sum"]]
