@@ -21,6 +21,8 @@ characters / 256), so the groups have non-zero advantages and the whole loss run
   the advantages) and ``time/update_s`` (the jitted forward/backward and AdamW). The "old" log-probs
   are the sampler's, so no extra forward runs for them. ``--num-iterations`` / ``--mini-batches``
   (rljax side only; default 1 and 1, the workload above) time several updates per step.
+  ``--sampling-engine`` picks rljax's sampler: ``paged`` (the rollout engine, ``sampling.engine``'s
+  default) or ``static`` (the static-batch sampler).
 - TRL: ``rljax convert`` writes the same float32 weights and tokenizer as a Hugging Face directory
   (cached); ``GRPOTrainer(model=DIR, reward_funcs=[length], args=GRPOConfig(...))`` with the settings
   printed at the start of its run (per-device batch 16, 4 generations, 64 completion tokens with
@@ -105,7 +107,8 @@ REWARD_NORMALIZE = 256.0  # reward = characters of the completion / 256
 RLJAX_YAML = """
 model: {{name: {model}, dtype: float32, lora_rank: null}}
 data: {{task: addition, task_options: {{digits: 2}}, train_size: {train_size}, eval_size: 16, max_prompt_length: 128}}
-sampling: {{max_new_tokens: {new_tokens}, temperature: {temperature}, top_k: null, top_p: 1.0, ignore_eos: true}}
+sampling: {{max_new_tokens: {new_tokens}, temperature: {temperature}, top_k: null, top_p: 1.0, ignore_eos: true,
+           engine: {engine}}}
 algorithm: {{name: grpo, group_size: {group}, prompts_per_step: {prompts}, num_iterations: {num_iterations},
             mini_batches: {mini_batches}, micro_batch_size: null, kl_coef: {kl}, kl_estimator: k3,
             reduction: seq_mean_token_mean}}
@@ -205,7 +208,7 @@ def run_rljax(args) -> dict:
                                   temperature=TEMPERATURE, group=GROUP_SIZE, prompts=PROMPTS_PER_STEP, kl=KL_COEF,
                                   lr=LEARNING_RATE, clip=GRAD_CLIP, steps=args.steps + 1, seed=SEED, run_dir=run_dir,
                                   norm=REWARD_NORMALIZE, num_iterations=args.num_iterations,
-                                  mini_batches=args.mini_batches)
+                                  mini_batches=args.mini_batches, engine=args.sampling_engine)
     cfg = from_yaml(RunConfig, yaml_text)
     t0 = time.perf_counter()
     trainer = OnlineTrainer(cfg, write_config=False)
@@ -424,7 +427,8 @@ def run_child(args, side: str, platform: str = "cpu") -> dict:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--child-out", out,
                "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--hf-dir", args.hf_dir,
-               "--num-iterations", str(args.num_iterations), "--mini-batches", str(args.mini_batches)]
+               "--num-iterations", str(args.num_iterations), "--mini-batches", str(args.mini_batches),
+               "--sampling-engine", args.sampling_engine]
         if args.smoke:
             cmd.append("--smoke")
         if args.trl_gradient_checkpointing:
@@ -453,6 +457,9 @@ def parse_args(argv=None):
                         help="rljax only: passes over each batch of rollouts (algorithm.num_iterations)")
     parser.add_argument("--mini-batches", type=int, default=1,
                         help="rljax only: optimizer steps per pass (algorithm.mini_batches)")
+    parser.add_argument("--sampling-engine", choices=("paged", "static"), default="paged",
+                        help="rljax side: sampling.engine (paged: the rollout engine, the default; static: the "
+                             "static-batch sampler)")
     parser.add_argument("--no-gpu", action="store_true", help="do not run the rljax side on a GPU even if JAX sees one")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="TRL's default (recompute activations in the backward); off by default, like rljax")
@@ -503,7 +510,8 @@ def main(argv=None) -> dict:
     print(f"# GRPO step benchmark: {MODEL_NAME} float32, {PROMPTS_PER_STEP} prompts x {GROUP_SIZE} completions, "
           f"{args.new_tokens} new tokens (EOS ignored), kl_coef {KL_COEF}; "
           f"{args.num_iterations} pass(es) x {args.mini_batches} mini-batch(es) of updates; "
-          f"1 warm-up + {args.steps} timed steps per side; cpu threads {os.cpu_count()}, "
+          f"rljax sampling.engine {args.sampling_engine}; 1 warm-up + {args.steps} timed steps per side; "
+          f"cpu threads {os.cpu_count()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load average {_load_average()}", flush=True)
     results: dict = {"args": vars(args), "rows": []}
     if args.side in ("both", "trl"):
