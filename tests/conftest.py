@@ -109,7 +109,7 @@ if _COMPILE_LOG:
 
     from jax import monitoring
 
-    _phase_seconds: collections.Counter = collections.Counter()  # per phase, and "programs": how many compiled
+    _phase_seconds: collections.Counter = collections.Counter()  # per phase
     _programs: collections.Counter = collections.Counter()  # per compiled function: how many
     _program_seconds: collections.Counter = collections.Counter()  # per compiled function: compile seconds
 
@@ -117,8 +117,7 @@ if _COMPILE_LOG:
         name = COMPILE_EVENTS.get(event)
         if name:
             _phase_seconds[name] += duration_secs
-            _phase_seconds["programs"] += name == "compile"
-        if name == "compile":  # JAX names the program (jit_update_epochs, ...): which functions compile how often
+        if name == "compile":  # JAX names the program (jit(update_epochs), ...): which functions compile how often
             fun = "".join(c if c.isalnum() or c in "_.()-" else "_" for c in str(kwargs.get("fun_name", "?")))
             _programs[fun] += 1
             _program_seconds[fun] += duration_secs
@@ -141,7 +140,7 @@ if _COMPILE_LOG:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         child_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         fields = [item.nodeid, time.perf_counter() - wall, time.process_time() - cpu, child_cpu,
-                  *(float(_phase_seconds[name]) for name in COMPILE_EVENTS.values()), str(_phase_seconds["programs"]),
+                  *(float(_phase_seconds[name]) for name in COMPILE_EVENTS.values()), str(sum(_programs.values())),
                   ";".join(f"{fun}={n}:{_program_seconds[fun]:.3f}" for fun, n in sorted(_programs.items()))]
         with open(_COMPILE_LOG, "a") as f:
             f.write("\t".join(f"{x:.3f}" if isinstance(x, float) else x for x in fields) + "\n")

@@ -79,7 +79,8 @@ def compile_report(paths, *, top, out=sys.stdout):
                 nodeid, *values = line.rstrip("\n").split("\t")
                 file = nodeid.split("::")[0]
                 by_file[file].update(dict(zip(columns, map(float, values[:len(columns)]))))
-                for item in (values[len(columns)].split(";") if len(values) > len(columns) and values[-1] else []):
+                functions = values[len(columns)] if len(values) > len(columns) else ""  # absent in older logs
+                for item in filter(None, functions.split(";")):
                     fun, _, rest = item.rpartition("=")
                     count, _, seconds = rest.partition(":")
                     programs[fun] += int(count)
