@@ -61,6 +61,13 @@ Metrics:
   decode_steps``; bytes per step = the float32 weights a step reads (every matmul parameter of the
   blocks + the embedding / lm_head once) + ``live_kv_tokens_read x`` KV bytes per token ``/
   decode_steps``; bandwidth = bytes per step / step time, as % of the host read bandwidth.
+- compute ceiling: what the same step could reach if its matmuls ran at the best float32 matmul
+  rate measured in the run (any shape, 2048^3 included): FLOPs per step = 2 x slots x the weights a
+  step reads (``decode_flops``), so the shortest step is FLOPs / that rate and the highest bandwidth
+  (weight + KV bytes) / that step (``compute_ceiling_gbs``). A step with S rows does 2S/4 = S/2 FLOPs
+  per float32 weight byte, so at 64 slots a CPU needs 32 x its read bandwidth in GFLOP/s (about 0.8
+  TFLOP/s on a 25 GB/s host) to be bandwidth bound; below that the step is compute bound and its
+  bandwidth fraction is capped by the ceiling, whatever the attention or the cache do.
 - The last line's ``B%`` is the lower of the 16- and 64-slot decode percentages.
 
 Run (from the repository root; needs the `bench` extra: torch, accelerate):
@@ -139,6 +146,16 @@ def kv_bytes_per_token(c: ModelConfig, bytes_per_value: int = 4) -> int:
 def decode_weight_bytes(c: ModelConfig, bytes_per_value: int = 4) -> int:
     """Bytes of weights one decode step reads: every matmul parameter of the blocks + the lm_head once."""
     return bytes_per_value * (matmul_params_per_token(c) + c.vocab_size * c.hidden_size)
+
+
+def decode_flops(c: ModelConfig, slots: int) -> int:
+    """Matmul FLOPs of one decode step over ``slots`` rows: 2 per multiply-add of every weight a step reads."""
+    return 2 * slots * (matmul_params_per_token(c) + c.vocab_size * c.hidden_size)
+
+
+def compute_ceiling_gbs(c: ModelConfig, slots: int, moved_bytes: float, gflops: float) -> float:
+    """The highest GB/s a decode step moving ``moved_bytes`` can reach when its matmuls run at ``gflops``."""
+    return moved_bytes / (decode_flops(c, slots) / (gflops * 1e9)) / 1e9
 
 
 def call_stats(before: dict, after: dict, decode_tokens_range: tuple[int, int]) -> dict:
@@ -434,8 +451,12 @@ def _main(args, threads, tmp) -> dict:
     print("  " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth[1].items()), flush=True)
     read_gbs = max(b["read"] for b in bandwidth)
     results["bandwidth_gbs"] = {"start": bandwidth[0], "end": bandwidth[1], "read": read_gbs}
+    best_gflops = max(results["matmul_gflops"].values())
     for row in results["decode"]:
         row["fraction_of_read_bandwidth"] = row["gbs"] / read_gbs
+        row["compute_ceiling_gbs"] = compute_ceiling_gbs(cfg, row["slots"], row["weight_bytes"] + row["kv_bytes"],
+                                                         best_gflops)
+        row["compute_ceiling_fraction"] = min(row["compute_ceiling_gbs"] / read_gbs, 1.0)
     results["peak_rss_mib"] = peak_rss_mib()
     return _report(args, results)
 
@@ -532,9 +553,10 @@ def _report(args, results) -> dict:
         print()
         decode_table = markdown_table(
             ["slots", "decode steps", "ms/step", "tokens/step", "weight MB/step", "KV MB/step", "GB/s",
-             "% of read bandwidth"],
+             "% of read bandwidth", "compute ceiling (% of read bandwidth)"],
             [[d["slots"], d["decode_steps"], d["step_ms"], d["tokens_per_step"], d["weight_bytes"] / 1e6,
-              d["kv_bytes"] / 1e6, d["gbs"], f"{100 * d['fraction_of_read_bandwidth']:.0f}%"]
+              d["kv_bytes"] / 1e6, d["gbs"], f"{100 * d['fraction_of_read_bandwidth']:.0f}%",
+              f"{100 * d['compute_ceiling_fraction']:.0f}%"]
              for d in results["decode"]],
         )
         print(decode_table)

@@ -39,6 +39,19 @@ def test_bytes_per_token_and_per_decode_step_by_hand():
     assert bench.decode_weight_bytes(SMOLLM2) == 4 * (30 * per_layer + 49152 * 576) == 537919488
 
 
+def test_the_compute_ceiling_by_hand():
+    # a decode step multiplies every weight it reads once per row: 2 FLOPs per multiply-add
+    bench = _bench()
+    params = 537919488 // 4
+    assert bench.decode_flops(SMOLLM2, 16) == 2 * 16 * params == 4303355904
+    assert bench.decode_flops(SMOLLM2, 64) == 4 * bench.decode_flops(SMOLLM2, 16)
+    # 4.303 GFLOP at 100 GFLOP/s: a step of at least 43.0 ms, so 1 GB moved per step is at most 23.24 GB/s
+    assert bench.compute_ceiling_gbs(SMOLLM2, 16, 1e9, 100.0) == pytest.approx(1e9 / 0.04303355904 / 1e9)
+    assert bench.compute_ceiling_gbs(SMOLLM2, 16, 1e9, 100.0) == pytest.approx(23.2377, abs=1e-4)
+    # four times the rows: a quarter of the ceiling for the same bytes
+    assert bench.compute_ceiling_gbs(SMOLLM2, 64, 1e9, 100.0) == pytest.approx(23.2377 / 4, abs=1e-4)
+
+
 def test_target_lengths_are_the_seeded_log_normal_cut():
     bench = _bench()
     t = bench.target_lengths(256, 64.0, 1.0, 512, seed=0)
@@ -110,3 +123,9 @@ def test_smoke_preset_runs_and_ends_with_the_summary_line(tmp_path):
         assert r["call_stats"]["decode_tokens"] >= r["slots"] * 15  # 16 tokens each, the first from the prefill
         # 2 layers of q and o (64 x 64), k and v (64 x 32), gate, up and down (64 x 128); the tied head once
         assert r["weight_bytes"] == 4 * (2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 259 * 64)
+        # the ceiling from the run's best matmul rate: the step's FLOPs at that rate, the same bytes
+        best = max(result["matmul_gflops"].values())
+        flops = 2 * r["slots"] * r["weight_bytes"] / 4
+        assert r["compute_ceiling_gbs"] == pytest.approx((r["weight_bytes"] + r["kv_bytes"]) * best / flops)
+        assert r["compute_ceiling_fraction"] == pytest.approx(
+            min(r["compute_ceiling_gbs"] / result["bandwidth_gbs"]["read"], 1.0))
