@@ -194,7 +194,9 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
     token, logp = _pick(logits, jax.random.fold_in(key, 0), config)
     done = jnp.isin(token, stop_ids) if use_stop else jnp.zeros((B,), bool)
     tokens = jnp.full((B, N), config.pad_token_id, jnp.int32).at[:, 0].set(token)
-    logprobs = jnp.zeros((B, N), jnp.float32).at[:, 0].set(logp)
+    # log-probs are kept in float32 whatever the model's dtype (a float64 model's rounded here, explicitly:
+    # an implicit float64 -> float32 scatter is deprecated in JAX)
+    logprobs = jnp.zeros((B, N), jnp.float32).at[:, 0].set(logp.astype(jnp.float32))
     mask = jnp.zeros((B, N), jnp.int32).at[:, 0].set(1)
 
     def cond(carry):
@@ -217,7 +219,7 @@ def _generate(graphdef, states, input_ids, attention_mask, key, config: Sampling
         alive = ~done
         new_token = jnp.where(alive, new_token, config.pad_token_id)
         tokens = tokens.at[:, i].set(new_token)
-        logprobs = logprobs.at[:, i].set(jnp.where(alive, new_logp, 0.0))
+        logprobs = logprobs.at[:, i].set(jnp.where(alive, new_logp, 0.0).astype(jnp.float32))
         mask = mask.at[:, i].set(alive.astype(jnp.int32))
         if use_stop:
             done = done | (alive & jnp.isin(new_token, stop_ids))
