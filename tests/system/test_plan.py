@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -130,6 +131,14 @@ def test_plan_compiles_the_engines_prefill_and_decode_and_counts_kv_pages(plan_c
     assert decode["alias_bytes"] > 0 and decode["decode_steps"] > 0
     assert "KV pages per chip:" in decode["note"] and "of 4 tokens" in decode["note"]
     assert "KV pages per chip:" in proc.stdout
+    # by hand: a page holds its 4 tokens' keys and values in both layers, 1 KV head (replicated: it
+    # does not divide tensor=2) x head_dim 16, float32. The pages fill the chip's memory left beside
+    # the run's state, the decode step's temporaries and its decode weights (within its arguments).
+    # (Counting one layer's keys alone, the plan once reported 2 x layers = 4 times as many.)
+    fit = int(re.search(r"KV pages per chip: ([\d,]+) of 4 tokens", decode["note"])[1].replace(",", ""))
+    page = 2 * 2 * 1 * 16 * 4 * 4
+    free = report["memory_bytes"] - decode["resident_bytes"] - decode["temp_bytes"]
+    assert (free - decode["argument_bytes"]) // page <= fit <= free // page
 
 
 def test_a_disaggregated_plan_compiles_generation_on_the_rollout_devices_and_the_update_on_the_rest(plan_config,
