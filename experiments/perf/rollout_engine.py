@@ -150,7 +150,7 @@ def decode_weight_bytes(c: ModelConfig, bytes_per_value: int = 4) -> int:
 
 def decode_flops(c: ModelConfig, slots: int) -> int:
     """Matmul FLOPs of one decode step over ``slots`` rows: 2 per multiply-add of every weight a step reads."""
-    return 2 * slots * (matmul_params_per_token(c) + c.vocab_size * c.hidden_size)
+    return 2 * slots * decode_weight_bytes(c, bytes_per_value=1)
 
 
 def compute_ceiling_gbs(c: ModelConfig, slots: int, moved_bytes: float, gflops: float) -> float:
