@@ -300,6 +300,9 @@ def _add_train(sub) -> None:
     g.add_argument("--coordinator-address", metavar="HOST:PORT", help="process 0's address, reachable by all")
     g.add_argument("--num-processes", type=int, metavar="N")
     g.add_argument("--process-id", type=int, metavar="I")
+    g.add_argument("--heartbeat-timeout-s", type=int, default=None, metavar="S",
+                   help="how long a silent process counts as alive before the others end with one line and "
+                   "exit status 75 (default 60; docs/hangs-and-lost-processes.md)")
     p.set_defaults(func=_train)
 
 
@@ -313,11 +316,15 @@ def _train(args) -> int:
                          "train.run_dir, or delete it and start over)")
     if args.resume_step is not None and not args.resume:
         raise SystemExit("rljax train: --resume-step needs --resume")
-    from rljax.distributed import initialize
+    from rljax.distributed import HEARTBEAT_TIMEOUT_S, initialize
 
+    heartbeat = HEARTBEAT_TIMEOUT_S if args.heartbeat_timeout_s is None else args.heartbeat_timeout_s
+    if heartbeat < 1:
+        raise SystemExit(f"rljax train: --heartbeat-timeout-s must be a whole number of seconds >= 1, got {heartbeat}")
     cfg = load_config(RunConfig, args.config, args.overrides)
     _keep_host_memory_for_run(cfg)
-    initialize(args.coordinator_address, args.num_processes, args.process_id)  # before any JAX computation
+    # before any JAX computation
+    initialize(args.coordinator_address, args.num_processes, args.process_id, heartbeat_timeout_s=heartbeat)
     start = time.perf_counter()
     trainer = trainer_for(cfg, resume=args.resume, resume_step=args.resume_step,  # online or offline, as the
                           overwrite=args.overwrite)                                # algorithm declares

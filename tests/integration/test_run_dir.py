@@ -95,6 +95,10 @@ def test_a_fresh_run_into_a_used_directory_is_refused_and_overwrite_starts_over(
         cli.main(["train", str(config), "--resume", "--overwrite"])
     with pytest.raises(SystemExit, match="--resume-step needs --resume"):
         cli.main(["train", str(config), "--resume-step", "1"])
+    with pytest.raises(SystemExit, match="--heartbeat-timeout-s must be a whole number of seconds >= 1, got 0"):
+        cli.main(["train", str(config), "--resume", "--heartbeat-timeout-s", "0"])
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["1"]  # the refused commands wrote nothing
+    assert "seed: 1" in (run_dir / "config.yaml").read_text()
     with pytest.raises(RunDirError, match="exclude each other"):
         trainer_for(_cfg(tiny_dir, run_dir), resume=True, overwrite=True)
 

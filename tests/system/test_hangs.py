@@ -87,8 +87,10 @@ def test_a_two_process_run_under_a_cpu_burner_finishes(model_dir, tmp_path):
 def test_a_killed_process_ends_the_survivor_within_two_minutes_with_one_line(model_dir, tmp_path):
     config = _config(tmp_path, model_dir, steps=500)
     run_dir = tmp_path / "run"
-    procs, paths = start_joined(lambda port: _two_process_argv(config, run_dir, port), str(tmp_path), env=_env(4),
-                                cwd=REPO)
+    # a 15 s heartbeat instead of the default 60: the survivor's watcher speaks ~15-20 s after the death
+    # (JAX's coordination service, rljax.distributed), where the default had the test wait 60 s idle
+    procs, paths = start_joined(lambda port: _two_process_argv(config, run_dir, port, "--heartbeat-timeout-s", "15"),
+                                str(tmp_path), env=_env(4), cwd=REPO)
     logs = [tmp_path / os.path.basename(path) for path in paths]
     try:
         deadline = time.monotonic() + 900
@@ -109,6 +111,8 @@ def test_a_killed_process_ends_the_survivor_within_two_minutes_with_one_line(mod
     assert procs[0].returncode == 75, out[-3000:]
     line = _last_line(out)
     assert line.startswith("rljax: process 0 of 2 lost contact with process 1 ("), out[-3000:]
+    # whichever told it first: a failed collective (at once) or the watcher, after the 15 s given
+    assert "no heartbeat for" not in line or "(no heartbeat for 15 s: " in line, line
     assert "--resume" in line and f"train.run_dir={run_dir}" in line, line
     assert "Traceback" not in out and "Check failure" not in out, out[-3000:]
 
