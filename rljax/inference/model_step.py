@@ -47,11 +47,18 @@ def empty_pages(config, num_pages: int, page_size: int, dtype) -> tuple[tuple, t
 
     def zeros(shape):
         sharding = None if mesh is None else NamedSharding(mesh, logical_to_spec(POOL_AXES, shape, mesh, active_rules()))
-        return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+        return _zeros_program(shape, jnp.dtype(dtype), sharding)
 
     k_shape, v_shape = pool_shapes(num_pages, page_size, config.num_kv_heads, config.head_dim)
     k_zeros, v_zeros = zeros(k_shape), zeros(v_shape)
     return tuple(k_zeros() for _ in range(config.num_layers)), tuple(v_zeros() for _ in range(config.num_layers))
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_program(shape: tuple[int, ...], dtype, sharding):
+    """One jitted zero-fill per (shape, dtype, sharding), so an engine built again with the same pool
+    compiles nothing for it (a new lambda each time was a new program each time)."""
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
 
 
 def _forward(graphdef, states, weights, kv, tokens, start, length, page_table, live_pages):

@@ -256,3 +256,23 @@ def test_a_trainers_engine_holds_the_pages_its_longest_sequence_needs(tiny_run_c
     with pytest.raises(UserError, match=f"= {longest + 1} exceeds the engine's max_context of {longest} tokens"):
         engine.generate([Request(prompt_ids=[5] * (longest - 7), max_tokens=8)])
     assert engine.generate([Request(prompt_ids=[5] * (longest - 8), max_tokens=8, seed=1)])[0].finish_reason
+
+
+def test_an_engine_built_again_with_the_same_pool_compiles_no_zero_fill(model):
+    from jax import monitoring
+
+    compiled = []
+
+    def count(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(kwargs.get("fun_name")))
+
+    Engine(model, max_slots=2, page_size=8, num_pages=12)
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        engine = Engine(model, max_slots=2, page_size=8, num_pages=12)
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert compiled == [], compiled  # the pools' zero-fill (and the decode weights) came compiled
+    assert len(engine.kv[0]) == model.config.num_layers and not any(bool(jnp.any(k)) for k in engine.kv[0])
+    assert engine.kv[0][0] is not engine.kv[0][1]  # one buffer per layer (they are donated one by one)
