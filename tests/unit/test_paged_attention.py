@@ -46,6 +46,7 @@ def _case(kv_len, q_len, *, T, KVH=2, G=3, hd=8, seed=0, dtype=np.float32, fill=
     return {name: jnp.asarray(a) for name, a in arrays.items()}, jnp.asarray(k_rows), jnp.asarray(v_rows)
 
 
+@jax.jit  # one program per case's shapes, not ~20 eager ones (the reference is compared to a tolerance)
 def _dense(case, k_rows, v_rows):
     """``_attention`` over the dense per-row keys; padding queries 0."""
     T, S = case["q"].shape[1], k_rows.shape[1]
