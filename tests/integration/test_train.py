@@ -64,7 +64,8 @@ def _train_rewards(run_dir):
 
 
 @pytest.mark.parametrize("algo,extra", [("grpo", ", kl_coef: 0.01"), ("rloo", ", kl_coef: 0.01"), ("ppo", ", kl_coef: 0.01"),
-                                        ("ppo", ", kl_coef: 0.01, critic: separate"),
+                                        # the critic settings of test_resume_equals_uninterrupted's PPO: one compiled update
+                                        ("ppo", ", kl_coef: 0.01, critic: separate, critic_learning_rate: 3.0e-3"),
                                         ("rloo", ", kl_coef: 0.01, loss: reinforce"),  # the paper's REINFORCE form
                                         ("reinforce_pp", ", kl_coef: 0.01"),
                                         ("reinforce", ", kl_coef: 0.01")])  # moving-average baseline
