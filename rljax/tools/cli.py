@@ -120,9 +120,13 @@ def _generate(args) -> int:
     start = time.perf_counter()
     engine = None
     if args.engine == "paged":
+        from rljax.data.prompts import encode_prompts
         from rljax.inference import Engine
 
-        engine = Engine(model, max_slots=args.max_slots)
+        # the pool these prompts' rows can use, not a share of memory: it is allocated and zeroed up front
+        longest = int(encode_prompts(tokenizer, args.prompt, fmt).attention_mask.sum(axis=-1).max())
+        engine = Engine(model, max_slots=min(args.max_slots, len(args.prompt) * args.num_samples),
+                        max_context=longest + args.max_new_tokens)
     roll = rollout(model, tokenizer, args.prompt, jax.random.key(args.seed), sampling=config, fmt=fmt,
                    repeats=args.num_samples, engine=engine)
     seconds = time.perf_counter() - start

@@ -142,3 +142,29 @@ def test_generate_from_a_checkpoint_equals_generate_from_the_exported_model(full
     assert "checkpoint step 2" in from_checkpoint.err
     assert cli.main(["generate", "--model", summary["model_dir"], *args]) == 0
     assert capsys.readouterr().out == from_checkpoint.out
+
+
+@pytest.mark.parametrize("max_slots,slots", [(64, 4), (3, 3)])
+def test_generate_holds_the_pages_its_rows_can_use(tiny_dir, monkeypatch, capsys, max_slots, slots):
+    # The paged engine allocates and zero-fills its pool up front: rljax generate sizes it for its rows
+    # (min(--max-slots, prompts x samples) slots of the longest prompt + --max-new-tokens), not from
+    # the host's free memory (gigabytes for a few tokens).
+    from rljax import inference
+    from rljax.models import load
+
+    built = []
+
+    class Recording(inference.Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(inference, "Engine", Recording)
+    assert cli.main(["generate", "--model", tiny_dir, "--prompt", "2+3=", "--prompt", "12+35+7=", "--num-samples", "2",
+                     "--max-new-tokens", "20", "--max-slots", str(max_slots)]) == 0
+    assert capsys.readouterr().out.count("--- [") == 4
+    (engine,) = built
+    _, tokenizer = load(tiny_dir)
+    longest = len(tokenizer("12+35+7=")["input_ids"]) + 20  # raw prompts get the tokenizer's special tokens
+    assert engine.max_slots == slots and engine.max_context == longest
+    assert engine.stats["num_pages"] == slots * -(-longest // engine.page_size) + 1  # + the reserved null page
