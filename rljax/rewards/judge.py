@@ -239,8 +239,11 @@ class JudgeModel:
         from rljax.inference import Engine, Request
         from rljax.inference.batch import request_seeds
 
-        if getattr(self, "_engine", None) is None:
-            self._engine = Engine((self.graphdef, self.state), max_slots=self.batch_size)
+        # the pool holds what a call can use: batch_size sequences of a truncated prompt and its reply
+        # (sized from free memory, each would take the model's whole context)
+        context = self.max_prompt_length + max_new_tokens
+        if getattr(self, "_engine", None) is None or self._engine.max_context < context:
+            self._engine = Engine((self.graphdef, self.state), max_slots=self.batch_size, max_context=context)
         eos = self.tokenizer.eos_token_id
         prompts = self._encode(conversations)
         seeds = request_seeds(jax.random.key(0) if key is None else key, len(prompts))

@@ -135,6 +135,16 @@ def test_batched_equals_one_by_one_and_a_seed_fixes_the_output(tiny_judge):
     np.testing.assert_allclose(batched.yes_probability(CONVERSATIONS, yes_words=YES, no_words=NO),
                                single.yes_probability(CONVERSATIONS, yes_words=YES, no_words=NO), rtol=1e-5)
     assert batched.generate(CONVERSATIONS, max_new_tokens=6) == single.generate(CONVERSATIONS, max_new_tokens=6)
+    # the engine holds what a call can use: batch_size sequences of a truncated prompt + its reply, in
+    # pages of 16 tokens plus the null page (not a pool of the model's 2048-token context per slot)
+    for judge, slots in ((batched, 4), (single, 1)):
+        engine = judge._engine
+        assert (engine.max_slots, engine.max_context, engine.stats["num_pages"]) == (slots, 128 + 6, slots * 9 + 1)
+    long = [pointwise_messages("What is 2+2? " * 40, "4", question="Correct?")]  # over 128 tokens: truncated
+    built = batched._engine
+    assert len(batched.generate(long, max_new_tokens=6)) == 1 and batched._engine is built
+    batched.generate(long, max_new_tokens=40)  # a longer reply than the pool was built for: a bigger one
+    assert (batched._engine.max_context, batched._engine.stats["num_pages"]) == (128 + 40, 4 * 11 + 1)
     sampled = [batched.generate(CONVERSATIONS, max_new_tokens=6, temperature=1.0, key=jax.random.key(s))
                for s in (0, 0, 1)]
     assert sampled[0] == sampled[1] != sampled[2]
