@@ -236,21 +236,31 @@ class JudgeModel:
         (``rljax.inference``: ``batch_size`` replies decoded together)."""
         import jax
 
-        from rljax.inference import Engine, Request
+        from rljax.inference import Request
         from rljax.inference.batch import request_seeds
 
-        # the pool holds what a call can use: batch_size sequences of a truncated prompt and its reply
-        # (sized from free memory, each would take the model's whole context)
-        context = self.max_prompt_length + max_new_tokens
-        if getattr(self, "_engine", None) is None or self._engine.max_context < context:
-            self._engine = Engine((self.graphdef, self.state), max_slots=self.batch_size, max_context=context)
+        if not conversations:
+            return []
+        engine = self._engine_for(max_new_tokens)
         eos = self.tokenizer.eos_token_id
         prompts = self._encode(conversations)
         seeds = request_seeds(jax.random.key(0) if key is None else key, len(prompts))
-        outs = self._engine.generate([Request(prompt_ids=p, max_tokens=max_new_tokens, temperature=temperature,
+        outs = engine.generate([Request(prompt_ids=p, max_tokens=max_new_tokens, temperature=temperature,
                                               stop_token_ids=(eos,) if eos is not None else (), seed=int(s))
                                       for p, s in zip(prompts, seeds)])
         return [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+
+    def _engine_for(self, max_new_tokens: int):
+        """The rollout engine of :meth:`generate`: ``batch_size`` sequences of a truncated prompt and
+        its reply, not of the model's whole context; built again, larger, for a longer reply (the
+        engine caps it at the model's context)."""
+        from rljax.inference import Engine
+
+        context = self.max_prompt_length + max_new_tokens
+        if getattr(self, "_engine", None) is None or self._engine_context < context:
+            self._engine = Engine((self.graphdef, self.state), max_slots=self.batch_size, max_context=context)
+            self._engine_context = context
+        return self._engine
 
     def next_token_logprobs(self, conversations: Sequence[Sequence[Mapping[str, str]]]) -> np.ndarray:
         """``[n, V]`` log-probs of the judge's first reply token for each conversation."""

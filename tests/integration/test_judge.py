@@ -145,6 +145,10 @@ def test_batched_equals_one_by_one_and_a_seed_fixes_the_output(tiny_judge):
     assert len(batched.generate(long, max_new_tokens=6)) == 1 and batched._engine is built
     batched.generate(long, max_new_tokens=40)  # a longer reply than the pool was built for: a bigger one
     assert (batched._engine.max_context, batched._engine.stats["num_pages"]) == (128 + 40, 4 * 11 + 1)
+    built = batched._engine  # past the model's 2048-token context: capped there, built once
+    capped = batched._engine_for(1950)
+    assert capped.max_context == 2048 and capped is not built and batched._engine_for(1950) is capped
+    assert batched.generate([], max_new_tokens=6) == []
     sampled = [batched.generate(CONVERSATIONS, max_new_tokens=6, temperature=1.0, key=jax.random.key(s))
                for s in (0, 0, 1)]
     assert sampled[0] == sampled[1] != sampled[2]
