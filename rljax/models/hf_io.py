@@ -170,14 +170,43 @@ def has_tokenizer(directory: str) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in TOKENIZER_FILES)
 
 
+# The model types whose directory, when its tokenizer_config.json names the plain `tokenizers` backend,
+# AutoTokenizer loads as that backend class itself (tests/integration/test_hf_tokenizer.py checks it
+# against AutoTokenizer for every supported type). qwen2 is not one: transformers overrides the file's
+# class with Qwen2Tokenizer.
+_BACKEND_MODEL_TYPES = ("llama", "mistral", "qwen3")
+_BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _plain_backend(directory: str) -> bool:
+    """Whether ``AutoTokenizer.from_pretrained(directory)`` would build ``PreTrainedTokenizerFast``
+    (transformers' ``TokenizersBackend``) from ``tokenizer.json``, with no class of its own to choose."""
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json")) as f:
+            tokenizer_config = json.load(f)
+        with open(os.path.join(directory, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return False
+    return (os.path.isfile(os.path.join(directory, "tokenizer.json")) and "auto_map" not in tokenizer_config
+            and tokenizer_config.get("tokenizer_class") in _BACKEND_CLASSES and model_type in _BACKEND_MODEL_TYPES)
+
+
 def load_hf_tokenizer(directory: str):
     """``AutoTokenizer.from_pretrained(directory)``, or ``FileNotFoundError`` naming the directory and
-    the files it lacks (transformers would say "Couldn't instantiate the backend tokenizer")."""
+    the files it lacks (transformers would say "Couldn't instantiate the backend tokenizer").
+
+    Where AutoTokenizer would build the plain ``tokenizers`` backend, that class is built directly:
+    AutoTokenizer's module imports torch whenever it is installed (docs/performance.md)."""
     if not has_tokenizer(directory):
         raise MissingFileError(
             f"{directory} has model weights but no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there. "
             "Copy in the tokenizer files of the model it was trained from "
             f"(tokenizer.save_pretrained({directory!r}))")
+    if _plain_backend(directory):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(directory)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)

@@ -163,3 +163,25 @@ def test_config_round_trip_through_transformers():
         # transformers reads what we write.
         tcfg = transformers.AutoConfig.for_model(**cfg.to_hf_dict())
         assert ModelConfig.from_hf_dict(tcfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_a_directorys_tokenizer_is_the_one_autotokenizer_loads(family, tmp_path):
+    # rljax.models.hf_io.load_hf_tokenizer skips AutoTokenizer (whose module imports torch) where
+    # AutoTokenizer would build the plain tokenizers backend; it must then be that class, with the same
+    # ids, special tokens and chat template. qwen2 is the type where transformers picks a class of its own.
+    from rljax.models.hf_io import _plain_backend, load_hf_tokenizer
+    from rljax.models.tiny import byte_tokenizer
+
+    FAMILIES[family]().save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    ours, theirs = load_hf_tokenizer(str(tmp_path)), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(ours) is type(theirs)
+    assert _plain_backend(str(tmp_path)) == (type(theirs) is transformers.PreTrainedTokenizerFast) == (family != "qwen2")
+    text = "<|im_start|>user\n2+3= é\n<|im_end|>"
+    assert ours.encode(text) == theirs.encode(text) and ours.decode(ours.encode(text)) == text
+    chat = [{"role": "user", "content": "2+3="}]
+    assert (ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    assert (ours.eos_token_id, ours.pad_token_id, ours.bos_token_id) == (theirs.eos_token_id, theirs.pad_token_id,
+                                                                           theirs.bos_token_id) == (2, 2, 1)

@@ -280,3 +280,25 @@ def test_commands_do_not_print_the_pytorch_not_found_advisory(tmp_path):
                            "--max-new-tokens", "2"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PyTorch" not in done.stderr, done.stderr[-3000:]
+
+
+# The `rljax` command with torch installed (as in the test extra): a note at exit says whether torch was
+# imported. rljax needs none, and transformers' AutoTokenizer module imports it (rljax.models.hf_io).
+_TORCH_AT_EXIT = textwrap.dedent("""
+    import atexit
+    import sys
+    atexit.register(lambda: print("torch imported:", "torch" in sys.modules, file=sys.stderr))
+    import rljax.tools.cli
+    sys.exit(rljax.tools.cli.main(sys.argv[1:]))
+""")
+
+
+def test_a_command_on_a_tiny_model_does_not_import_torch(tmp_path):
+    pytest.importorskip("torch")  # installed, so a command could import it
+    model = make_tiny_model_dir(tmp_path / "model")
+    script = tmp_path / "torch_at_exit.py"
+    script.write_text(_TORCH_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), "generate", "--model", model, "--prompt", "2+3=",
+                           "--max-new-tokens", "2"], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch imported: False" in done.stderr, done.stderr[-3000:]
