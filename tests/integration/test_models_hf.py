@@ -165,8 +165,9 @@ def test_config_round_trip_through_transformers():
         assert ModelConfig.from_hf_dict(tcfg.to_dict()) == cfg
 
 
+@pytest.mark.parametrize("tokenizer_class", ["TokenizersBackend", "PreTrainedTokenizerFast"])  # saved; Llama 3's
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
-def test_a_directorys_tokenizer_is_the_one_autotokenizer_loads(family, tmp_path):
+def test_a_directorys_tokenizer_is_the_one_autotokenizer_loads(family, tokenizer_class, tmp_path):
     # rljax.models.hf_io.load_hf_tokenizer skips AutoTokenizer (whose module imports torch) where
     # AutoTokenizer would build the plain tokenizers backend; it must then be that class, with the same
     # ids, special tokens and chat template. qwen2 is the type where transformers picks a class of its own.
@@ -175,6 +176,10 @@ def test_a_directorys_tokenizer_is_the_one_autotokenizer_loads(family, tmp_path)
 
     FAMILIES[family]().save_pretrained(tmp_path)
     byte_tokenizer().save_pretrained(tmp_path)
+    tokenizer_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "TokenizersBackend"
+    tokenizer_config["tokenizer_class"] = tokenizer_class
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     ours, theirs = load_hf_tokenizer(str(tmp_path)), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert type(ours) is type(theirs)
     assert _plain_backend(str(tmp_path)) == (type(theirs) is transformers.PreTrainedTokenizerFast) == (family != "qwen2")
