@@ -21,8 +21,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rljax.data.preferences import best_vs_worst_pairs, write_jsonl
-
 __all__ = ["add_arguments", "main", "run", "sample_preference_pairs"]
 
 
@@ -51,6 +49,7 @@ def sample_preference_pairs(cfg, *, num_samples: int = 8, split: str = "train", 
     from rljax import rng
     from rljax.models import dtype_from_name, load
     from rljax.rewards.base import build_rewards
+    from rljax.data.preferences import best_vs_worst_pairs
     from rljax.data.prompts import PromptFormat
     from rljax.inference.batch import engine_for
     from rljax.rollout import rollout, sampling_config
@@ -103,6 +102,7 @@ DESCRIPTION = ("Build a DPO / reward-model preference set: sample N completions 
 def run(args: argparse.Namespace) -> int:
     """Load the config (with overrides), build the pairs, write them."""
     from rljax.config import load_config
+    from rljax.data.preferences import write_jsonl
     from rljax.run_config import RunConfig
 
     cfg = load_config(RunConfig, args.config, args.overrides)

@@ -282,23 +282,31 @@ def test_commands_do_not_print_the_pytorch_not_found_advisory(tmp_path):
     assert "PyTorch" not in done.stderr, done.stderr[-3000:]
 
 
-# The `rljax` command with torch installed (as in the test extra): a note at exit says whether torch was
-# imported. rljax needs none, and transformers' AutoTokenizer module imports it (rljax.models.hf_io).
-_TORCH_AT_EXIT = textwrap.dedent("""
+# The `rljax` command, with a note at exit of the heavy modules it imported. With torch installed (as in
+# the test extra) a command must not import it: rljax needs none, and transformers' AutoTokenizer module
+# imports it (rljax.models.hf_io). `rljax --help` runs no JAX, so it must not import it either.
+_IMPORTED_AT_EXIT = textwrap.dedent("""
     import atexit
     import sys
-    atexit.register(lambda: print("torch imported:", "torch" in sys.modules, file=sys.stderr))
+    atexit.register(lambda: print("imported:", *(m for m in ("jax", "torch") if m in sys.modules), file=sys.stderr))
     import rljax.tools.cli
     sys.exit(rljax.tools.cli.main(sys.argv[1:]))
 """)
 
 
+def _imported_at_exit(tmp_path, *args):
+    script = tmp_path / "imported_at_exit.py"
+    script.write_text(_IMPORTED_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _last_line(done.stderr).split()[1:]
+
+
 def test_a_command_on_a_tiny_model_does_not_import_torch(tmp_path):
     pytest.importorskip("torch")  # installed, so a command could import it
     model = make_tiny_model_dir(tmp_path / "model")
-    script = tmp_path / "torch_at_exit.py"
-    script.write_text(_TORCH_AT_EXIT)
-    done = subprocess.run([sys.executable, str(script), "generate", "--model", model, "--prompt", "2+3=",
-                           "--max-new-tokens", "2"], capture_output=True, text=True, env=_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "torch imported: False" in done.stderr, done.stderr[-3000:]
+    assert _imported_at_exit(tmp_path, "generate", "--model", model, "--prompt", "2+3=", "--max-new-tokens", "2") == ["jax"]
+
+
+def test_help_imports_no_jax(tmp_path):
+    assert _imported_at_exit(tmp_path, "--help") == []
