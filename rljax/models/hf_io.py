@@ -171,7 +171,7 @@ def has_tokenizer(directory: str) -> bool:
 
 
 # The model types whose directory, when its tokenizer_config.json names the plain `tokenizers` backend,
-# AutoTokenizer loads as that backend class itself (tests/integration/test_hf_tokenizer.py checks it
+# AutoTokenizer loads as that backend class itself (tests/integration/test_models_hf.py checks it
 # against AutoTokenizer for every supported type). qwen2 is not one: transformers overrides the file's
 # class with Qwen2Tokenizer.
 _BACKEND_MODEL_TYPES = ("llama", "mistral", "qwen3")
