@@ -1,10 +1,12 @@
-"""Several processes joined into one JAX runtime on 127.0.0.1, for the multi-process tests; the live processes
-with a marker on their command line, for the sandbox tests."""
+"""Several processes joined into one JAX runtime on 127.0.0.1, for the multi-process tests (optionally under a
+CPU burner); the live processes with a marker on their command line, for the sandbox tests."""
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 
 
 def xla_flags(devices: int) -> str:
@@ -12,6 +14,18 @@ def xla_flags(devices: int) -> str:
     (``tests/conftest.py``: the backend's optimisation level) from this process's environment."""
     kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
+@contextlib.contextmanager
+def cpu_burner():
+    """A process that spins on one core for as long as the block runs: a loaded host (a two-process
+    run once hung in 1 of 11 tries under one; the ten-try loop is experiments/reliability/hang_stress.py)."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 def start_joined(commands, log_dir, *, env, cwd):

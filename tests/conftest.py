@@ -1,5 +1,5 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
-XLA's backend optimisation level 0, one persistent compilation cache per test run.
+XLA's backend optimisation level 0, one persistent compilation cache per test run, torch on one thread.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -12,6 +12,10 @@ os.environ.setdefault("RLJAX_KEEP_HOST_MEMORY", "0")
 # the end-of-run RUN_DIR/curves.png (rljax.training.loop) costs 2-4 s of matplotlib on this CPU per
 # run, over a hundred runs here; tests/integration/test_plots.py turns it back on where it is what is tested
 os.environ.setdefault("RLJAX_PLOT", "0")
+# torch (the transformers references) on one thread: the suite's two workers already keep both cores
+# busy, and torch's OpenMP threads spin-waiting beside XLA's cost CPU (docs/testing.md). Set before torch
+# is imported, inherited by subprocesses; the benchmarks set their thread count themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # JAX's persistent compilation cache, one new directory per test run, shared by the xdist workers and
 # every subprocess they start (they inherit it from the process that imported this file first), removed
 # at its end: tests that build equal programs in different processes or trainers load them instead of

@@ -1,6 +1,6 @@
 """`rljax train` on a (data=1, fsdp=4, tensor=2) mesh of 8 simulated CPU devices, in one process (DPO,
-PPO) or two (GRPO: jax.distributed over gloo, 127.0.0.1), and resumed from 4 devices onto 8 (GRPO),
-equals the one-device run.
+PPO) or two (GRPO: jax.distributed over gloo, 127.0.0.1, under a CPU burner), and resumed from 4 devices
+onto 8 (GRPO), equals the one-device run.
 
 The one-device run is this process's (the test suite sees one CPU device); the others are
 `python -m rljax train` in subprocesses with XLA_FLAGS=--xla_force_host_platform_device_count=N
@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 from rljax.config import ConfigError, load_config
 from rljax.run_config import RunConfig
 from rljax.training import trainer_for
-from tests._processes import run_joined, xla_flags
+from tests._processes import cpu_burner, run_joined, xla_flags
 from tests._tiny import make_tiny_model_dir
 from tests.integration.test_dpo import toy_pairs
 
@@ -86,12 +86,16 @@ def _train(config, run_dir, *args, devices=8):
 
 
 def _train_two_processes(config, run_dir, *args):
-    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1 (idle: 35 s)."""
+    """The same command as 2 processes × 4 devices forming one 8-device runtime on 127.0.0.1, on a loaded
+    host: a CPU burner spins beside them (tests/_processes.py), so the suite's one two-process run is also
+    its one loaded try at a hang (the stress loop: experiments/reliability/hang_stress.py)."""
     os.makedirs(f"{run_dir}.logs")
-    outs = run_joined(lambda port: [
-        [sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}", *args,
-         "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
-        for i in range(2)], f"{run_dir}.logs", env=_env(4), cwd=REPO)
+    with cpu_burner():
+        # run_joined's hang guard (900 s) ends a hung run with every process's stacks in the failure
+        outs = run_joined(lambda port: [
+            [sys.executable, "-m", "rljax", "train", str(config), f"train.run_dir={run_dir}", *args,
+             "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
+            for i in range(2)], f"{run_dir}.logs", env=_env(4), cwd=REPO)
     return outs[0]
 
 
