@@ -1,5 +1,5 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
-XLA's backend optimisation level 0, one persistent compilation cache per test run, torch on one thread.
+XLA's backend optimisation level 0, one persistent compilation cache per test run (or one kept across runs), torch on one thread.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -21,15 +21,24 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # at its end: tests that build equal programs in different processes or trainers load them instead of
 # compiling them again (measured in docs/testing.md, "JAX's persistent compilation cache"). Never the
 # user's ~/.cache (rljax.compile_cache): JAX's variable wins over rljax's.
-# RLJAX_TEST_COMPILATION_CACHE=0 runs without it.
+# RLJAX_TEST_COMPILATION_CACHE=0 runs without it; RLJAX_TEST_COMPILATION_CACHE=DIR keeps it in DIR across
+# runs (a contributor's rerun loads what the last run compiled; JAX's key holds the program, its compile
+# options and the jax version, so a changed program compiles again).
 os.environ.setdefault("RLJAX_COMPILATION_CACHE", "0")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("RLJAX_TEST_COMPILATION_CACHE", "1") != "0":
-    import atexit
-    import shutil
-    import tempfile
+_TEST_CACHE = os.environ.get("RLJAX_TEST_COMPILATION_CACHE", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and _TEST_CACHE != "0":
+    if _TEST_CACHE == "1":
+        import atexit
+        import shutil
+        import tempfile
 
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-test-jax-cache-")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-test-jax-cache-")
+        atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    else:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(os.path.expanduser(_TEST_CACHE))
+        os.makedirs(os.environ["JAX_COMPILATION_CACHE_DIR"], exist_ok=True)
+        # no size cap: with one, JAX rescans the whole directory under a file lock at every write
+        # (docs/testing.md); a whole run writes under 100 MB, and deleting DIR starts afresh
     # the tiny models' programs compile in well under JAX's default second
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Most of a tiny-model test's time is XLA:CPU compiling, not running: the backend's optimisation level
