@@ -1,5 +1,6 @@
 """Test-wide settings: no silent rank promotion, float32 matmuls at full precision, glibc's default malloc,
-XLA's backend optimisation level 0, one persistent compilation cache per test run (or one kept across runs), torch on one thread.
+XLA's backend optimisation level 0, one persistent compilation cache per test run (or one kept across
+runs), torch on one thread.
 
 The suite compiles hundreds of small programs in one process, which ran slower with rljax's
 host-memory settings (tests/integration/test_train.py: 137 s with them, 109 s without; rljax/host_memory.py),
@@ -36,7 +37,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and _TEST_CACHE != "0":
         atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
     else:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(os.path.expanduser(_TEST_CACHE))
-        os.makedirs(os.environ["JAX_COMPILATION_CACHE_DIR"], exist_ok=True)
         # no size cap: with one, JAX rescans the whole directory under a file lock at every write
         # (docs/testing.md); a whole run writes under 100 MB, and deleting DIR starts afresh
     # the tiny models' programs compile in well under JAX's default second
