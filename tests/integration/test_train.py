@@ -218,8 +218,10 @@ def test_same_seed_same_metrics(tiny_dir, tmp_path, monkeypatch):
     assert strip(_metrics(tmp_path / "a")) == strip(_metrics(tmp_path / "b"))
 
 
-@pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", ", kl_coef: 0.01, critic: separate, "
-                                                        "critic_learning_rate: 3.0e-3"),
+# GRPO's resume to the uninterrupted run, bit for bit: tests/system/test_preemption.py (a refused update
+# resumed in-process; SIGTERM and SIGKILL resumed from periodic saves)
+@pytest.mark.parametrize("algo,extra", [("ppo", ", kl_coef: 0.01, critic: separate, "
+                                         "critic_learning_rate: 3.0e-3"),
                                         # the baseline carried across steps is checkpointed and restored
                                         ("reinforce", ", baseline_decay: 0.5")])
 def test_resume_equals_uninterrupted(tiny_dir, tmp_path, algo, extra):

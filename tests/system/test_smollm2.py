@@ -1,4 +1,5 @@
-"""The embedded SmolLM2-135M-Instruct GGUF, loaded by rljax, against transformers' own GGUF loading."""
+"""The embedded SmolLM2-135M-Instruct GGUF, loaded by rljax, against transformers' own GGUF loading:
+the config, every tensor, the logits and greedy generation (its tokenizer: tests/system/test_gguf.py)."""
 
 import copy
 import os
@@ -52,6 +53,45 @@ def _left_pad(rows, pad):
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
     return ids, mask
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    """rljax's reading of the file (``read_gguf``): its Hugging Face config and float32 tensors."""
+    from rljax.models.gguf_io import read_gguf
+
+    return read_gguf(resolve("smollm2-135m-instruct").path)
+
+
+def test_config_matches_transformers_gguf_loading(checkpoint, both):
+    ours, reference_config = checkpoint.hf_config, both[2].config.to_dict()
+    assert ours["architectures"] == ["LlamaForCausalLM"]
+    assert ours["tie_word_embeddings"] is True  # the file has no output.weight
+    for key in (
+        "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act",
+        "attention_bias", "mlp_bias", "rope_parameters",
+    ):
+        assert ours[key] == reference_config[key], key
+    # transformers keeps the float32 value (9.99999974e-06); rljax gives the decimal it came from
+    assert ours["rms_norm_eps"] == pytest.approx(reference_config["rms_norm_eps"], rel=1e-6)
+    assert ours["rms_norm_eps"] == 1e-5
+    assert ours["rope_theta"] == reference_config["rope_parameters"]["rope_theta"] == 100000.0
+    assert transformers.AutoConfig.for_model(**ours).to_dict()["head_dim"] == 64  # loads as a transformers config
+
+
+def test_weights_match_transformers_gguf_loading(checkpoint, both):
+    ours, reference = checkpoint.state_dict, both[2].state_dict()
+    # tied embeddings: rljax's tensors have no lm_head.weight; transformers' state dict lists the tied
+    # tensor under both names
+    assert reference["lm_head.weight"].data_ptr() == reference["model.embed_tokens.weight"].data_ptr()
+    reference = {name: tensor.numpy() for name, tensor in reference.items() if name != "lm_head.weight"}
+    assert set(ours) == set(reference)
+    assert len(ours) == 2 + 9 * 30
+    for name, array in ours.items():
+        assert array.dtype == np.float32 and array.shape == reference[name].shape, name
+        np.testing.assert_allclose(array, reference[name], rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_logits_match_transformers_gguf_loading(both):
