@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow  # ~2.5 min: loads the 135M model twice (rljax and transformers)
+pytestmark = pytest.mark.slow  # minutes: reads the 135M GGUF three times (rljax's load, rljax's reader for the
+# config and tensor comparisons, transformers' GGUF loading)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
